@@ -1,0 +1,85 @@
+"""The KV cache: an explicit value that the model takes and returns, never hidden module state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from r3jax.model import sharding
+from r3jax.model.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """Keys and values of every layer, plus which slots hold real tokens.
+
+    k, v:   [L, B, S, K, H]
+    mask:   [B, S] bool, True where a slot holds a real (non-padding) token
+    index:  [] int32, the next slot to write; every row writes at the same slot, so a left-padded
+            prompt batch stays aligned and decoding writes one column per step.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    index: jax.Array
+
+    @property
+    def max_length(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32, mesh=None) -> Cache:
+    """An empty cache of `max_length` slots (prompt plus new tokens), sharded like the activations."""
+    shape = (config.num_hidden_layers, batch, max_length, config.num_key_value_heads, config.head_dim)
+    kv_sharding = None if mesh is None else sharding.named(mesh, "cache_lbskh", shape)
+    mask_sharding = None if mesh is None else sharding.named(mesh, "cache_bs", (batch, max_length))
+    zeros = jnp.zeros(shape, dtype)
+    return Cache(
+        k=zeros if kv_sharding is None else jax.device_put(zeros, kv_sharding),
+        v=zeros if kv_sharding is None else jax.device_put(zeros, kv_sharding),
+        mask=jnp.zeros((batch, max_length), bool) if mask_sharding is None
+        else jax.device_put(jnp.zeros((batch, max_length), bool), mask_sharding),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def positions_from_mask(mask_bt: jax.Array, offset_b: jax.Array | int = 0) -> jax.Array:
+    """RoPE positions: each real token's index among the real tokens of its row (+ offset).
+
+    Padding gets the position of the real token before it (0 at the left edge); its value never
+    reaches a real token, because padding is masked out of every attention.
+    """
+    pos = jnp.cumsum(mask_bt.astype(jnp.int32), axis=-1) - 1
+    return jnp.maximum(pos, 0) + jnp.asarray(offset_b, jnp.int32).reshape(-1, 1)
+
+
+def causal_mask(mask_bt: jax.Array) -> jax.Array:
+    """[B, T, T] attention mask of a full forward: key is real and not after the query."""
+    t = mask_bt.shape[1]
+    return jnp.tril(jnp.ones((t, t), bool))[None] & mask_bt[:, None, :]
+
+
+def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array]:
+    """Reserves slots [index, index + T) for T new tokens.
+
+    Returns the cache with its mask and index advanced (k and v are written layer by layer later),
+    the new tokens' positions [B, T], and their attention mask over the cache [B, T, S].
+    """
+    t = mask_bt.shape[1]
+    positions = positions_from_mask(mask_bt, cache.mask.sum(-1))
+    new_mask = jax.lax.dynamic_update_slice(cache.mask, mask_bt.astype(bool), (0, cache.index))
+    slot = jnp.arange(cache.max_length)
+    query_slot = cache.index + jnp.arange(t)
+    attn = new_mask[:, None, :] & (slot[None, None, :] <= query_slot[None, :, None])
+    return dataclasses.replace(cache, mask=new_mask, index=cache.index + t), positions, attn
+
+
+def write_layer(k_bskh: jax.Array, v_bskh: jax.Array, k_new: jax.Array, v_new: jax.Array, index: jax.Array):
+    """Writes one layer's new keys and values [B, T, K, H] at slot `index`."""
+    at = (0, index, 0, 0)
+    return (jax.lax.dynamic_update_slice(k_bskh, k_new.astype(k_bskh.dtype), at),
+            jax.lax.dynamic_update_slice(v_bskh, v_new.astype(v_bskh.dtype), at))

@@ -1,0 +1,125 @@
+"""Qwen2 building blocks in Flax NNX: RMSNorm, rotary embedding, grouped-query attention, SwiGLU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from r3jax.model import cache as kv_cache
+from r3jax.model import sharding
+from r3jax.model.config import ModelConfig
+
+# A large finite negative instead of -inf: a query row with no visible key (left padding) then gets
+# a uniform softmax instead of NaN, and NaN never leaks into gradients.
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def _init(rngs: nnx.Rngs, shape, dtype, std: float = 0.02):
+    return std * jax.random.normal(rngs.params(), shape, dtype)
+
+
+class RMSNorm(nnx.Module):
+    """y = scale * x / sqrt(mean(x^2) + eps), statistics in fp32 (as Hugging Face's Qwen2RMSNorm)."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype, dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
+
+
+def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding in the rotate-half convention: the first and second half of H form pairs."""
+    h = x_btnh.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles).astype(x_btnh.dtype), jnp.sin(angles).astype(x_btnh.dtype)
+    x1, x2 = jnp.split(x_btnh, 2, axis=-1)
+    return x_btnh * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def attend(q_btnh, k_bskh, v_bskh, mask_bts) -> jax.Array:
+    """Softmax attention with K KV heads shared by groups of R = N / K query heads (fp32 scores)."""
+    b, t, n, h = q_btnh.shape
+    k = k_bskh.shape[2]
+    q_btkrh = q_btnh.reshape(b, t, k, n // k, h)
+    scores = jnp.einsum("btkrh,bskh->bkrts", q_btkrh, k_bskh, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask_bts[:, None, None], scores * h**-0.5, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
+    return jnp.einsum("bkrts,bskh->btkrh", probs, v_bskh).reshape(b, t, n, h)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with q/k/v biases and no output bias."""
+
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
+        d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nnx.Param(_init(rngs, (d, n, h), param_dtype))
+        self.q_bias = nnx.Param(jnp.zeros((n, h), param_dtype))
+        self.k_proj = nnx.Param(_init(rngs, (d, k, h), param_dtype))
+        self.k_bias = nnx.Param(jnp.zeros((k, h), param_dtype))
+        self.v_proj = nnx.Param(_init(rngs, (d, k, h), param_dtype))
+        self.v_bias = nnx.Param(jnp.zeros((k, h), param_dtype))
+        self.o_proj = nnx.Param(_init(rngs, (n, h, d), param_dtype))
+        self.rope_theta = cfg.rope_theta
+        self.dtype = dtype
+        self.mesh = mesh
+
+    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, index=None):
+        """Attends over the new tokens alone (kv None) or over a cache layer (k, v [B, S, K, H]) in
+        which the new keys and values are first written at slot `index`. Returns (out, kv)."""
+        w = lambda p: p[...].astype(self.dtype)  # noqa: E731
+        q = jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
+        k = jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj)) + w(self.k_bias)
+        v = jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj)) + w(self.v_bias)
+        q = sharding.constrain(rope(q, positions_bt, self.rope_theta), "act_btnh", self.mesh)
+        k = sharding.constrain(rope(k, positions_bt, self.rope_theta), "act_btkh", self.mesh)
+        if kv is not None:
+            kv = kv_cache.write_layer(*kv, k, v, index)
+            k, v = kv
+        out = sharding.constrain(attend(q, k.astype(self.dtype), v.astype(self.dtype), mask_bts),
+                                 "act_btnh", self.mesh)
+        return jnp.einsum("btnh,nhd->btd", out, w(self.o_proj)), kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nnx.Param(_init(rngs, (d, f), param_dtype))
+        self.up_proj = nnx.Param(_init(rngs, (d, f), param_dtype))
+        self.down_proj = nnx.Param(_init(rngs, (f, d), param_dtype))
+        self.dtype = dtype
+        self.mesh = mesh
+
+    def __call__(self, x_btd):
+        w = lambda p: p[...].astype(self.dtype)  # noqa: E731
+        gate = jnp.einsum("btd,df->btf", x_btd, w(self.gate_proj))
+        up = jnp.einsum("btd,df->btf", x_btd, w(self.up_proj))
+        hidden = sharding.constrain(jax.nn.silu(gate) * up, "act_btf", self.mesh)
+        return jnp.einsum("btf,fd->btd", hidden, w(self.down_proj))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
+        kw = dict(param_dtype=param_dtype, dtype=dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.self_attn = Attention(cfg, mesh=mesh, rngs=rngs, **kw)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
+        self.mesh = mesh
+
+    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, index=None):
+        attn, kv = self.self_attn(self.input_layernorm(x_btd), positions_bt, mask_bts, kv, index)
+        x_btd = sharding.constrain(x_btd + attn, "act_btd", self.mesh)
+        x_btd = sharding.constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd)), "act_btd", self.mesh)
+        return x_btd, kv

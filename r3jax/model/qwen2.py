@@ -1,0 +1,138 @@
+"""The Qwen2 decoder: embedding, a scanned stack of layers, final norm and (tied or untied) head.
+
+Public call: `logits = model(tokens, attention_mask=mask)` on a [B, T] int batch, right- or
+left-padded. Positions come from the mask, so padding never changes the logits of real tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from r3jax.model import cache as kv_cache
+from r3jax.model import sharding
+from r3jax.model.config import ModelConfig
+from r3jax.model.layers import DecoderLayer, RMSNorm, _init
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _dtype(d) -> Any:
+    return jnp.dtype(d)
+
+
+class Qwen2(nnx.Module):
+    """Qwen2ForCausalLM in Flax NNX.
+
+    param_dtype: dtype the weights are stored in. dtype: dtype of the computation (weights are cast
+    per use; norms, softmax and the head's accumulation stay fp32). remat: per-layer
+    rematerialisation, one of REMAT_POLICIES. mesh: when set, activations are pinned to their
+    `sharding.ACTIVATION_SPECS` entries on it.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32, dtype=jnp.float32,
+                 remat: str = "none", mesh=None):
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+        param_dtype, dtype = _dtype(param_dtype), _dtype(dtype)
+        self.config = config
+        self.dtype = dtype
+        self.remat = remat
+        self.mesh = mesh
+        v, d = config.vocab_size, config.hidden_size
+        self.embed_tokens = nnx.Param(_init(rngs, (v, d), param_dtype))
+        kw = dict(param_dtype=param_dtype, dtype=dtype, mesh=mesh)
+
+        @nnx.split_rngs(splits=config.num_hidden_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def stack(layer_rngs):
+            return DecoderLayer(config, rngs=layer_rngs, **kw)
+
+        self.layers = stack(rngs)  # every parameter carries a leading L axis
+        self.norm = RMSNorm(d, config.rms_norm_eps, param_dtype=param_dtype, dtype=dtype)
+        self.lm_head = None if config.tie_word_embeddings else nnx.Param(_init(rngs, (v, d), param_dtype))
+
+    # --- public ------------------------------------------------------------------------------------
+
+    def __call__(self, tokens_bt: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        """Full forward. Returns fp32 logits [B, T, V]."""
+        hidden, _ = self.hidden_states(tokens_bt, attention_mask)
+        return self.logits(hidden)
+
+    def head_weight(self) -> jax.Array:
+        """The output projection [V, D] (the embedding when tied), in the compute dtype."""
+        w = self.embed_tokens if self.lm_head is None else self.lm_head
+        return w[...].astype(self.dtype)
+
+    def logits(self, hidden_btd: jax.Array) -> jax.Array:
+        logits = jnp.einsum("btd,vd->btv", hidden_btd, self.head_weight(), preferred_element_type=jnp.float32)
+        return sharding.constrain(logits, "act_btv", self.mesh)
+
+    def hidden_states(self, tokens_bt, attention_mask=None, *, cache: kv_cache.Cache | None = None):
+        """Final-normed hidden states [B, T, D] and the updated cache (None when none was given).
+
+        Without a cache the T tokens attend causally among themselves. With one, they are written at
+        slot `cache.index` and attend to every real token already cached plus those before them.
+        """
+        tokens_bt = jnp.asarray(tokens_bt)
+        if tokens_bt.ndim != 2:
+            raise ValueError(f"tokens must be [B, T], got shape {tokens_bt.shape}")
+        mask_bt = (jnp.ones(tokens_bt.shape, bool) if attention_mask is None
+                   else jnp.asarray(attention_mask).astype(bool))
+        if mask_bt.shape != tokens_bt.shape:
+            raise ValueError(f"attention_mask shape {mask_bt.shape} != tokens shape {tokens_bt.shape}")
+        if cache is None:
+            positions, mask_bts, index, kv = kv_cache.positions_from_mask(mask_bt), kv_cache.causal_mask(mask_bt), None, None
+        else:
+            index, kv = cache.index, (cache.k, cache.v)
+            cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
+        x = jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.dtype)
+        x = sharding.constrain(x, "act_btd", self.mesh)
+        x, kv = self._scan_layers(x, positions, mask_bts, kv, index)
+        if cache is not None:
+            cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
+        return self.norm(x), cache
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _scan_layers(self, x, positions, mask_bts, kv, index):
+        """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth."""
+        graphdef, layer_params = nnx.split(self.layers)
+
+        def body(x, per_layer):
+            params, layer_kv = per_layer
+            return nnx.merge(graphdef, params)(x, positions, mask_bts, layer_kv, index)
+
+        policy = REMAT_POLICIES[self.remat]
+        if self.remat != "none":
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        return jax.lax.scan(body, x, (layer_params, kv))
+
+
+def init_model(config: ModelConfig, seed: int = 0, **kwargs) -> Qwen2:
+    """A randomly initialised model (std 0.02 normal weights, unit norms, zero biases)."""
+    return Qwen2(config, rngs=nnx.Rngs(seed), **kwargs)
+
+
+def abstract_model(config: ModelConfig, **kwargs) -> Qwen2:
+    """The model with ShapeDtypeStructs for parameters: shapes and dtypes, nothing allocated."""
+    return nnx.eval_shape(lambda: Qwen2(config, rngs=nnx.Rngs(0), **kwargs))
+
+
+def split_params(model: Qwen2) -> tuple[nnx.GraphDef, dict]:
+    """(graphdef, params) with params a plain nested dict of arrays, for passing through `jax.jit`."""
+    graphdef, state = nnx.split(model)
+    return graphdef, nnx.to_pure_dict(state)
+
+
+def merge_params(graphdef: nnx.GraphDef, params: dict) -> Qwen2:
+    """Inverse of `split_params`; works on tracers inside jitted functions."""
+    return nnx.merge(graphdef, params)
