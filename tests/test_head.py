@@ -43,7 +43,7 @@ def test_chunked_gradients_equal_full_logits_gradients(inputs):
         logp, ent = head.logprobs_and_entropy_from_logits(jnp.einsum("btd,vd->btv", h, w), targets)
         return logp.sum() + 0.1 * ent.sum()
 
-    for a, b in zip(jax.grad(chunked, (0, 1))(hidden, w), jax.grad(full, (0, 1))(hidden, w)):
+    for a, b in zip(jax.grad(chunked, (0, 1))(hidden, w), jax.grad(full, (0, 1))(hidden, w), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 

@@ -104,5 +104,5 @@ def test_remat_changes_nothing_numerically(hf_checkpoint):
         loss = lambda p: rm.merge_params(graphdef, p)(tokens, attention_mask=mask).std()  # noqa: E731
         return jax.grad(loss)(params)
 
-    for a, b in zip(jax.tree.leaves(loss_grad(plain)), jax.tree.leaves(loss_grad(remat))):
+    for a, b in zip(jax.tree.leaves(loss_grad(plain)), jax.tree.leaves(loss_grad(remat)), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)

@@ -90,7 +90,8 @@ class Qwen2(nnx.Module):
         if mask_bt.shape != tokens_bt.shape:
             raise ValueError(f"attention_mask shape {mask_bt.shape} != tokens shape {tokens_bt.shape}")
         if cache is None:
-            positions, mask_bts, index, kv = kv_cache.positions_from_mask(mask_bt), kv_cache.causal_mask(mask_bt), None, None
+            positions, mask_bts = kv_cache.positions_from_mask(mask_bt), kv_cache.causal_mask(mask_bt)
+            index = kv = None
         else:
             index, kv = cache.index, (cache.k, cache.v)
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)

@@ -17,7 +17,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
 BATCH = ("data", "fsdp")
@@ -90,7 +91,7 @@ def _axis_size(mesh, axis) -> int:
 def fit_spec(spec: P, shape: tuple[int, ...], mesh) -> P:
     """Drops mesh axes (left to right within a dim) that do not divide that dim, or that the mesh lacks."""
     fitted = []
-    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
         names = () if axis is None else (axis if isinstance(axis, tuple) else (axis,))
         names = tuple(n for n in names if n in mesh.shape)
         while names and dim % _axis_size(mesh, names):
@@ -128,9 +129,9 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> M
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices cannot be split as {dict(zip(AXES, sizes))}")
+            raise ValueError(f"{len(devices)} devices cannot be split as {dict(zip(AXES, sizes, strict=True))}")
         sizes[sizes.index(-1)] = len(devices) // known
     if int(np.prod(sizes)) != len(devices):
-        raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, "
+        raise ValueError(f"mesh {dict(zip(AXES, sizes, strict=True))} needs {int(np.prod(sizes))} devices, "
                          f"{len(devices)} are available")
     return Mesh(np.asarray(devices).reshape(sizes), AXES)
