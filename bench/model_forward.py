@@ -30,6 +30,24 @@ CASES = {
 }
 
 
+def forward_flops_per_token(cfg: dict, seq: int) -> float:
+    """Matmul FLOPs of one token's forward: projections, MLP, head, and causal attention (avg seq/2 keys)."""
+    d, f, v, n, k = (cfg[x] for x in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads",
+                                      "num_key_value_heads"))
+    h = d // n
+    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f + 2 * n * h * seq / 2
+    return 2 * (cfg["num_hidden_layers"] * per_layer + d * v)
+
+
+def matmul_gflops(rounds: int) -> float:
+    """Reference: a jitted fp32 [2048, 1536] x [1536, 8960] matmul on this machine, now."""
+    x, w = jax.numpy.ones((2048, 1536)), jax.numpy.ones((1536, 8960))
+    mm = jax.jit(lambda x, w: x @ w)
+    mm(x, w).block_until_ready()
+    timed = alternate({"mm": lambda: mm(x, w).block_until_ready()}, rounds)
+    return 2 * 2048 * 1536 * 8960 / timed["mm"]["median_s"] / 1e9
+
+
 def run(name, case, rounds):
     torch.manual_seed(0)
     hf = Qwen2ForCausalLM(Qwen2Config(**case["cfg"], tie_word_embeddings=False)).eval()
@@ -53,9 +71,13 @@ def run(name, case, rounds):
                       rounds)
     n = tokens.size
     ours, ref = n / timed["r3jax"]["median_s"], n / timed["transformers"]["median_s"]
+    gflops = ours * forward_flops_per_token(case["cfg"], case["seq"]) / 1e9
+    reference_gflops = matmul_gflops(rounds)
     emit({"bench": "model_forward", "case": name, "batch": case["batch"], "seq": case["seq"], **case["cfg"],
           "dtype": "float32", "r3jax_tokens_per_s": round(ours), "transformers_tokens_per_s": round(ref),
           "ratio": round(ours / ref, 3), "r3jax_compile_s": round(compile_s, 2),
+          "r3jax_gflops": round(gflops, 1), "jitted_matmul_gflops": round(reference_gflops, 1),
+          "fraction_of_matmul": round(gflops / reference_gflops, 3),
           "r3jax_spread_s": [round(timed["r3jax"]["min_s"], 4), round(timed["r3jax"]["max_s"], 4)],
           "transformers_spread_s": [round(timed["transformers"]["min_s"], 4),
                                     round(timed["transformers"]["max_s"], 4)],

@@ -194,14 +194,14 @@ def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype
             kind = expected[next(iter(names.values()))][2]
 
             def read(name, shape):
-                return _from_hf(kind, handles[files[name]].get_tensor(name), shape).astype(dtype)
+                return _from_hf(kind, handles[files[name]].get_tensor(name), shape).astype(dtype, copy=False)
 
             if p[0] == "layers":
                 host = np.stack([read(names[i], leaf.shape[1:]) for i in range(config.num_hidden_layers)])
             else:
                 host = read(names[None], leaf.shape)
             if shardings is None:
-                return jnp.asarray(host)
+                return jax.device_put(host)
             target = _get(shardings, p)
             return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
 
