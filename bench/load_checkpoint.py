@@ -3,7 +3,7 @@
 Usage: python bench/load_checkpoint.py [--rounds 3]
 Writes a random ~100M-parameter Qwen2 checkpoint (fp32 safetensors), then loads it in fresh
 subprocesses, alternating r3jax and transformers, and reports medians of wall time and of the
-child's peak RSS (ru_maxrss) above its own import-only baseline.
+child's peak RSS (VmHWM) above its own import-only baseline.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import emit  # noqa: E402
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
+
+def hwm_kb():  # the peak RSS of this process image (ru_maxrss would carry the parent's peak over exec)
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
 which, folder, load = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if which == "r3jax":
     import jax
@@ -28,7 +33,7 @@ if which == "r3jax":
 else:
     import torch
     from transformers import Qwen2ForCausalLM
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm_kb()
 start = time.perf_counter()
 if load and which == "r3jax":
     model, _ = rm.load_pretrained(folder)
@@ -36,7 +41,7 @@ if load and which == "r3jax":
 elif load:
     model = Qwen2ForCausalLM.from_pretrained(folder, dtype=torch.float32)
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm_kb()
 print(json.dumps({"seconds": seconds, "peak_kb": peak, "base_kb": base}))
 """
 

@@ -183,29 +183,30 @@ def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype
     with contextlib.ExitStack() as stack:
         handles = {file: stack.enter_context(_open(file)) for file in sorted(set(files.values()))}
         _validate(config, expected, files, handles, folder)
-        by_path: dict[tuple[str, ...], dict[int | None, str]] = {}
-        for name, (p, layer, _, _) in expected.items():
-            by_path.setdefault(p, {})[layer] = name
-        shardings = None if mesh is None else sharding.param_shardings(abstract, mesh, sharding_mode)
+    by_path: dict[tuple[str, ...], dict[int | None, str]] = {}
+    for name, (p, layer, _, _) in expected.items():
+        by_path.setdefault(p, {})[layer] = name
+    shardings = None if mesh is None else sharding.param_shardings(abstract, mesh, sharding_mode)
 
-        def build(keypath, leaf):
-            p = tuple(k.key for k in keypath)
-            names = by_path[p]
-            kind = expected[next(iter(names.values()))][2]
+    def build(keypath, leaf):
+        p = tuple(k.key for k in keypath)
+        names = by_path[p]
+        kind = expected[next(iter(names.values()))][2]
 
-            def read(name, shape):
-                return _from_hf(kind, handles[files[name]].get_tensor(name), shape).astype(dtype, copy=False)
+        def read(name, shape):
+            # One open per tensor: the file's mapping (and its resident pages) ends with the read.
+            with _open(files[name]) as f:
+                return _from_hf(kind, f.get_tensor(name), shape).astype(dtype, copy=False)
 
-            if p[0] == "layers":
-                host = np.stack([read(names[i], leaf.shape[1:]) for i in range(config.num_hidden_layers)])
-            else:
-                host = read(names[None], leaf.shape)
-            if shardings is None:
-                return jax.device_put(host)
-            target = _get(shardings, p)
-            return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
+        if p[0] == "layers":
+            host = np.stack([read(names[i], leaf.shape[1:]) for i in range(config.num_hidden_layers)])
+        else:
+            host = read(names[None], leaf.shape)
+        if shardings is None:
+            return jax.device_put(host)
+        return jax.make_array_from_callback(host.shape, _get(shardings, p), lambda index: host[index])
 
-        params = jax.tree_util.tree_map_with_path(build, abstract)
+    params = jax.tree_util.tree_map_with_path(build, abstract)
     return qwen2.merge_params(graphdef, params), config
 
 
