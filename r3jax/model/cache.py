@@ -78,8 +78,17 @@ def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array
     return dataclasses.replace(cache, mask=new_mask, index=cache.index + t), positions, attn
 
 
-def write_layer(k_bskh: jax.Array, v_bskh: jax.Array, k_new: jax.Array, v_new: jax.Array, index: jax.Array):
-    """Writes one layer's new keys and values [B, T, K, H] at slot `index`."""
-    at = (0, index, 0, 0)
-    return (jax.lax.dynamic_update_slice(k_bskh, k_new.astype(k_bskh.dtype), at),
-            jax.lax.dynamic_update_slice(v_bskh, v_new.astype(v_bskh.dtype), at))
+def write_layer(kv: tuple[jax.Array, jax.Array], layer: jax.Array, k_new: jax.Array, v_new: jax.Array,
+                index: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array, jax.Array]:
+    """Writes one layer's new keys and values [B, T, K, H] at (layer, slot `index`) of the full
+    [L, B, S, K, H] cache, in place, and returns (full cache, this layer's keys, values [B, S, K, H]).
+
+    Updating the whole stacked cache (rather than scanning over per-layer slices and restacking)
+    lets XLA write in place: decoding never copies the cache.
+    """
+    at = (layer, 0, index, 0, 0)
+    k_full = jax.lax.dynamic_update_slice(kv[0], k_new[None].astype(kv[0].dtype), at)
+    v_full = jax.lax.dynamic_update_slice(kv[1], v_new[None].astype(kv[1].dtype), at)
+    layer_k = jax.lax.dynamic_index_in_dim(k_full, layer, keepdims=False)
+    layer_v = jax.lax.dynamic_index_in_dim(v_full, layer, keepdims=False)
+    return (k_full, v_full), layer_k, layer_v

@@ -71,9 +71,10 @@ class Attention(nnx.Module):
         self.dtype = dtype
         self.mesh = mesh
 
-    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, index=None):
-        """Attends over the new tokens alone (kv None) or over a cache layer (k, v [B, S, K, H]) in
-        which the new keys and values are first written at slot `index`. Returns (out, kv)."""
+    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, layer=None, index=None):
+        """Attends over the new tokens alone (kv None) or over layer `layer` of the full cache
+        (k, v [L, B, S, K, H]), into which the new keys and values are first written at slot
+        `index`. Returns (out, kv)."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
         q = jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
         k = jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj)) + w(self.k_bias)
@@ -81,8 +82,7 @@ class Attention(nnx.Module):
         q = sharding.constrain(rope(q, positions_bt, self.rope_theta), "act_btnh", self.mesh)
         k = sharding.constrain(rope(k, positions_bt, self.rope_theta), "act_btkh", self.mesh)
         if kv is not None:
-            kv = kv_cache.write_layer(*kv, k, v, index)
-            k, v = kv
+            kv, k, v = kv_cache.write_layer(kv, layer, k, v, index)
         out = sharding.constrain(attend(q, k.astype(self.dtype), v.astype(self.dtype), mask_bts),
                                  "act_btnh", self.mesh)
         return jnp.einsum("btnh,nhd->btd", out, w(self.o_proj)), kv
@@ -118,8 +118,8 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
         self.mesh = mesh
 
-    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, index=None):
-        attn, kv = self.self_attn(self.input_layernorm(x_btd), positions_bt, mask_bts, kv, index)
+    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, layer=None, index=None):
+        attn, kv = self.self_attn(self.input_layernorm(x_btd), positions_bt, mask_bts, kv, layer, index)
         x_btd = sharding.constrain(x_btd + attn, "act_btd", self.mesh)
         x_btd = sharding.constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd)), "act_btd", self.mesh)
         return x_btd, kv

@@ -105,17 +105,21 @@ class Qwen2(nnx.Module):
     # --- internals ---------------------------------------------------------------------------------
 
     def _scan_layers(self, x, positions, mask_bts, kv, index):
-        """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth."""
+        """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
+
+        The full [L, B, S, K, H] cache rides in the carry and each layer writes its slab in place."""
         graphdef, layer_params = nnx.split(self.layers)
 
-        def body(x, per_layer):
-            params, layer_kv = per_layer
-            return nnx.merge(graphdef, params)(x, positions, mask_bts, layer_kv, index)
+        def body(carry, per_layer):
+            x, kv = carry
+            params, layer = per_layer
+            return nnx.merge(graphdef, params)(x, positions, mask_bts, kv, layer, index), None
 
-        policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        return jax.lax.scan(body, x, (layer_params, kv))
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+        layers = jnp.arange(self.config.num_hidden_layers)
+        (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layers))
+        return x, kv
 
 
 def init_model(config: ModelConfig, seed: int = 0, **kwargs) -> Qwen2:
