@@ -7,6 +7,7 @@ left-padded. Positions come from the mask, so padding never changes the logits o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -81,7 +82,12 @@ class Qwen2(nnx.Module):
 
         Without a cache the T tokens attend causally among themselves. With one, they are written at
         slot `cache.index` and attend to every real token already cached plus those before them.
+        Always compiled (one cached executable per shape), also when called outside `jax.jit`.
         """
+        graphdef, state = nnx.split(self)
+        return _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache)
+
+    def _hidden_states(self, tokens_bt, attention_mask, cache):
         tokens_bt = jnp.asarray(tokens_bt)
         if tokens_bt.ndim != 2:
             raise ValueError(f"tokens must be [B, T], got shape {tokens_bt.shape}")
@@ -122,9 +128,24 @@ class Qwen2(nnx.Module):
         return x, kv
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache):
+    return nnx.merge(graphdef, state)._hidden_states(tokens_bt, attention_mask, cache)
+
+
 def init_model(config: ModelConfig, seed: int = 0, **kwargs) -> Qwen2:
-    """A randomly initialised model (std 0.02 normal weights, unit norms, zero biases)."""
-    return Qwen2(config, rngs=nnx.Rngs(seed), **kwargs)
+    """A randomly initialised model (std 0.02 normal weights, unit norms, zero biases).
+
+    The initialisers run as one compiled program (op-by-op they take seconds even for tiny models)."""
+    graphdef, _ = nnx.split(abstract_model(config, **kwargs))
+    state = _init_state(config, tuple(sorted(kwargs.items())), jax.random.key(seed, impl="rbg"))
+    return nnx.merge(graphdef, state)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_state(config, kwargs, key):
+    # An rbg key: its initialisers compile in a fraction of threefry's time.
+    return nnx.split(Qwen2(config, rngs=nnx.Rngs(key), **dict(kwargs)))[1]
 
 
 def abstract_model(config: ModelConfig, **kwargs) -> Qwen2:
