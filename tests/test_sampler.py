@@ -1,0 +1,195 @@
+"""The jitted sampler: HF-exact greedy decoding, exact log-probs/entropies, stops, truncation, sharding."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import write_hf_checkpoint
+
+from r3jax import model as rm
+from r3jax.model import sharding
+from r3jax.sampling import generate
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sampler") / "ckpt"
+    hf = write_hf_checkpoint(folder, seed=7, num_hidden_layers=2, rope_theta=1e6)
+    model, _ = rm.load_pretrained(folder)
+    return str(folder), hf, model
+
+
+def prompts():
+    """A left-padded batch of prompts of lengths 6, 3 and 1."""
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(3, VOCAB, (3, 6))
+    mask = np.ones((3, 6), bool)
+    mask[1, :3] = False
+    mask[2, :5] = False
+    tokens[~mask] = 0
+    return tokens, mask
+
+
+def first_end(row, eos):
+    hits = np.flatnonzero(row == eos)
+    return hits[0] + 1 if hits.size else None
+
+
+def test_greedy_equals_transformers_token_for_token(checkpoint):
+    import torch
+
+    _, hf, model = checkpoint
+    tokens, mask = prompts()
+    free = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=12, temperature=0.0)
+    eos = int(np.asarray(free.tokens)[0, 4])  # a token greedy really produces, so stopping is exercised
+    ours = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=12, temperature=0.0, eos_ids=(eos,),
+                    pad_id=0)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64)), do_sample=False,
+                          max_new_tokens=12, eos_token_id=eos, pad_token_id=0).numpy()[:, 6:]
+    ref = np.pad(ref, ((0, 0), (0, 12 - ref.shape[1])))
+    ours_tokens = np.asarray(ours.tokens)
+    np.testing.assert_array_equal(ours_tokens, ref)
+    free_tokens = np.asarray(free.tokens)
+    for row in range(3):
+        assert int(ours.lengths[row]) == (first_end(free_tokens[row], eos) or 12)
+    assert int(ours.lengths[0]) <= 5
+
+
+def teacher_forced_logits(model, tokens, mask, rollout, g=1):
+    prompt = np.repeat(tokens, g, axis=0)
+    prompt_mask = np.repeat(mask, g, axis=0)
+    full = np.concatenate([prompt, np.asarray(rollout.tokens)], 1)
+    full_mask = np.concatenate([prompt_mask, np.asarray(rollout.mask)], 1)
+    logits = np.asarray(model(full, attention_mask=full_mask), np.float64)
+    return logits[:, prompt.shape[1] - 1:-1]  # the prediction of each response token
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_entropies_match_a_teacher_forced_forward(checkpoint, temperature):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    out = generate(model, tokens, mask, jax.random.key(3), max_new_tokens=10, temperature=temperature,
+                   top_k=20, top_p=0.9, num_samples=2)
+    logits = teacher_forced_logits(model, tokens, mask, out, g=2) / temperature
+    logp_all = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    sampled = np.asarray(out.tokens)
+    ref_logp = np.take_along_axis(logp_all, sampled[..., None], -1)[..., 0]
+    ref_ent = -(np.exp(logp_all) * logp_all).sum(-1)
+    m = np.asarray(out.mask)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[m], ref_logp[m], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(out.entropies)[m], ref_ent[m], atol=1e-4)
+    assert not np.asarray(out.logprobs)[~m].any() and not np.asarray(out.entropies)[~m].any()
+
+
+def test_end_tokens_stop_rows_and_mask_what_follows(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    key = jax.random.key(11)
+    free = np.asarray(generate(model, tokens, mask, key, max_new_tokens=16, num_samples=2).tokens)
+    eos_a, eos_b = int(free[0, 3]), int(free[3, 7])
+    out = generate(model, tokens, mask, key, max_new_tokens=16, num_samples=2, eos_ids=(eos_a, eos_b), pad_id=0)
+    got = np.asarray(out.tokens)
+    for row in range(free.shape[0]):
+        ends = [e for e in (first_end(free[row], eos_a), first_end(free[row], eos_b)) if e]
+        length = min(ends) if ends else 16
+        assert int(out.lengths[row]) == length
+        assert bool(out.truncated[row]) == (not ends)
+        np.testing.assert_array_equal(got[row, :length], free[row, :length])  # same draws until the end
+        assert not got[row, length:].any()
+        np.testing.assert_array_equal(np.asarray(out.mask[row]), np.arange(16) < length)
+
+
+def test_truncated_means_no_end_token_within_budget(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    out = generate(model, tokens, mask, jax.random.key(5), max_new_tokens=4, eos_ids=(VOCAB + 5,))
+    assert np.asarray(out.truncated).all() and (np.asarray(out.lengths) == 4).all()
+
+
+def test_top_k_1_equals_greedy(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    greedy = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0)
+    top1 = generate(model, tokens, mask, jax.random.key(9), max_new_tokens=8, temperature=1.3, top_k=1)
+    np.testing.assert_array_equal(np.asarray(top1.tokens), np.asarray(greedy.tokens))
+
+
+def test_vanishing_temperature_approaches_greedy(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    greedy = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0)
+    cold = generate(model, tokens, mask, jax.random.key(4), max_new_tokens=8, temperature=1e-4)
+    np.testing.assert_array_equal(np.asarray(cold.tokens), np.asarray(greedy.tokens))
+    assert np.isfinite(np.asarray(cold.logprobs)).all() and np.isfinite(np.asarray(cold.entropies)).all()
+    assert np.abs(np.asarray(cold.logprobs)).max() < 1e-3 and np.asarray(cold.entropies).max() < 1e-2
+
+
+def test_samples_of_a_prompt_share_its_prefill(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    one = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=6, temperature=0.0)
+    four = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=6, temperature=0.0, num_samples=4)
+    np.testing.assert_array_equal(np.asarray(four.tokens), np.repeat(np.asarray(one.tokens), 4, axis=0))
+    sampled = np.asarray(generate(model, tokens, mask, jax.random.key(1), max_new_tokens=6, num_samples=4).tokens)
+    assert len({tuple(r) for r in sampled[:4]}) > 1  # G samples of one prompt differ
+
+
+def test_right_padded_prompts_give_the_same_responses(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    right_tokens = np.zeros_like(tokens)
+    right_mask = np.zeros_like(mask)
+    for i in range(3):
+        n = mask[i].sum()
+        right_tokens[i, :n], right_mask[i, :n] = tokens[i, mask[i]], True
+    a = generate(model, tokens, mask, jax.random.key(2), max_new_tokens=6)
+    b = generate(model, right_tokens, right_mask, jax.random.key(2), max_new_tokens=6)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+
+
+def test_same_key_same_samples_other_key_other_samples(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    run = lambda k: np.asarray(generate(model, tokens, mask, jax.random.key(k), max_new_tokens=8).tokens)  # noqa: E731
+    np.testing.assert_array_equal(run(21), run(21))
+    assert (run(21) != run(22)).any()
+
+
+def test_ids_beyond_the_tokenizer_are_never_sampled(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    out = generate(model, tokens, mask, jax.random.key(8), max_new_tokens=16, num_samples=8, temperature=2.0,
+                   valid_vocab=40)
+    assert np.asarray(out.tokens)[np.asarray(out.mask)].max() < 40
+
+
+def test_no_recompilation_for_same_shapes(checkpoint):
+    _, _, model = checkpoint
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *a, **k: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+    tokens, mask = prompts()
+    kw = dict(max_new_tokens=5, top_p=0.8, eos_ids=(3,), num_samples=2)
+    generate(model, tokens, mask, jax.random.key(0), **kw)
+    before = len(compiles)
+    other = np.random.RandomState(1).randint(3, VOCAB, tokens.shape)
+    generate(model, other, mask, jax.random.key(1), **kw)
+    generate(model, tokens, np.ones_like(mask), jax.random.key(2), **kw)
+    assert len(compiles) == before
+
+
+def test_sharded_run_equals_single_device(checkpoint):
+    folder, _, model = checkpoint
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    sharded, _ = rm.load_pretrained(folder, mesh=mesh, sharding_mode="sample")
+    tokens, mask = prompts()
+    tokens, mask = np.concatenate([tokens, tokens[:1]]), np.concatenate([mask, mask[:1]])  # 4 prompts
+    a = generate(model, tokens, mask, jax.random.key(6), max_new_tokens=8, num_samples=2, eos_ids=(5,))
+    b = generate(sharded, tokens, mask, jax.random.key(6), max_new_tokens=8, num_samples=2, eos_ids=(5,))
+    assert b.tokens.sharding.spec[0] == ("data", "fsdp")
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.entropies), np.asarray(b.entropies), atol=1e-5)
