@@ -37,12 +37,16 @@ def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float
     shape = (config.num_hidden_layers, batch, max_length, config.num_key_value_heads, config.head_dim)
     kv_sharding = None if mesh is None else sharding.named(mesh, "cache_lbskh", shape)
     mask_sharding = None if mesh is None else sharding.named(mesh, "cache_bs", (batch, max_length))
-    zeros = jnp.zeros(shape, dtype)
+    # k and v get buffers of their own: the cache is donated into jitted steps, and one buffer
+    # cannot be donated twice.
+    kv = [jnp.zeros(shape, dtype) for _ in range(2)]
+    if kv_sharding is not None:
+        kv = [jax.device_put(x, kv_sharding) for x in kv]
+    mask = jnp.zeros((batch, max_length), bool)
     return Cache(
-        k=zeros if kv_sharding is None else jax.device_put(zeros, kv_sharding),
-        v=zeros if kv_sharding is None else jax.device_put(zeros, kv_sharding),
-        mask=jnp.zeros((batch, max_length), bool) if mask_sharding is None
-        else jax.device_put(jnp.zeros((batch, max_length), bool), mask_sharding),
+        k=kv[0],
+        v=kv[1],
+        mask=mask if mask_sharding is None else jax.device_put(mask, mask_sharding),
         index=jnp.zeros((), jnp.int32),
     )
 

@@ -77,17 +77,30 @@ class Qwen2(nnx.Module):
         logits = jnp.einsum("btd,vd->btv", hidden_btd, self.head_weight(), preferred_element_type=jnp.float32)
         return sharding.constrain(logits, "act_btv", self.mesh)
 
-    def hidden_states(self, tokens_bt, attention_mask=None, *, cache: kv_cache.Cache | None = None):
+    def hidden_states(self, tokens_bt, attention_mask=None, *, cache: kv_cache.Cache | None = None,
+                      layers: list | None = None):
         """Final-normed hidden states [B, T, D] and the updated cache (None when none was given).
 
         Without a cache the T tokens attend causally among themselves. With one, they are written at
         slot `cache.index` and attend to every real token already cached plus those before them.
+        layers: the output of `unstack_layers()`; the layers then run unrolled from those per-layer
+        weights instead of scanned over the stack (see `unstack_layers`).
         Always compiled (one cached executable per shape), also when called outside `jax.jit`.
         """
         graphdef, state = nnx.split(self)
-        return _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache)
+        return _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers)
 
-    def _hidden_states(self, tokens_bt, attention_mask, cache):
+    def unstack_layers(self) -> list:
+        """The stacked layer weights as L per-layer trees, for decode loops.
+
+        Inside a `lax.while_loop`, scanning over the stack slices every layer's weights out of it
+        again at every step, and XLA materialises those slices (on CPU a decode step then moves its
+        weights through memory twice). Slicing once before the loop makes the per-layer weights
+        loop invariants. The price: the decode step's compile time grows with depth."""
+        _, stacked = nnx.split(self.layers)
+        return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(self.config.num_hidden_layers)]
+
+    def _hidden_states(self, tokens_bt, attention_mask, cache, layers=None):
         tokens_bt = jnp.asarray(tokens_bt)
         if tokens_bt.ndim != 2:
             raise ValueError(f"tokens must be [B, T], got shape {tokens_bt.shape}")
@@ -103,7 +116,12 @@ class Qwen2(nnx.Module):
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
         x = jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.dtype)
         x = sharding.constrain(x, "act_btd", self.mesh)
-        x, kv = self._scan_layers(x, positions, mask_bts, kv, index)
+        if layers is None:
+            x, kv = self._scan_layers(x, positions, mask_bts, kv, index)
+        else:
+            layer_graphdef = nnx.graphdef(self.layers)
+            for i, params in enumerate(layers):
+                x, kv = nnx.merge(layer_graphdef, params)(x, positions, mask_bts, kv, i, index)
         if cache is not None:
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
         return self.norm(x), cache
@@ -129,8 +147,8 @@ class Qwen2(nnx.Module):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache):
-    return nnx.merge(graphdef, state)._hidden_states(tokens_bt, attention_mask, cache)
+def _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers):
+    return nnx.merge(graphdef, state)._hidden_states(tokens_bt, attention_mask, cache, layers)
 
 
 def init_model(config: ModelConfig, seed: int = 0, **kwargs) -> Qwen2:

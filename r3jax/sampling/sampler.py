@@ -26,7 +26,9 @@ class SamplingConfig:
     """Static knobs, closed over by the compiled loop (hashable: one executable per distinct config).
 
     temperature 0 decodes greedily; top_k 0 and top_p 1 disable truncation; valid_vocab masks
-    logits of ids >= it (the 1.5B model has 151936 rows for 151665 tokenizer ids).
+    logits of ids >= it (the 1.5B model has 151936 rows for 151665 tokenizer ids). unroll_layers:
+    decode from per-layer weight copies sliced once before the loop (`Qwen2.unstack_layers`), which
+    is faster; False scans the stacked layers, which compiles faster for deep models.
     """
 
     max_new_tokens: int
@@ -37,6 +39,7 @@ class SamplingConfig:
     num_samples: int = 1
     valid_vocab: int | None = None
     pad_id: int = 0
+    unroll_layers: bool = True
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -69,7 +72,7 @@ class SamplingState:
 
 def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
-             pad_id: int | None = None) -> Rollout:
+             pad_id: int | None = None, unroll_layers: bool = True) -> Rollout:
     """Samples `num_samples` responses for each prompt of a padded [P, Tp] batch.
 
     model_or_params: a `Qwen2` or its `(graphdef, params)`. Prompts may be left- or right-padded and
@@ -83,7 +86,7 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
     eos_ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(int(e) for e in eos_ids)
     cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                          top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
-                         valid_vocab=valid_vocab, pad_id=int(eos_ids[0] if pad_id is None and eos_ids else pad_id or 0))
+                         valid_vocab=valid_vocab, pad_id=_pad_id(pad_id, eos_ids), unroll_layers=bool(unroll_layers))
     graphdef, params = (nnx.split(model_or_params) if isinstance(model_or_params, Qwen2) else model_or_params)
     prompt_tokens, prompt_mask = _check_prompts(prompt_tokens, prompt_mask)
     mesh = nnx.merge(graphdef, params).mesh if isinstance(model_or_params, tuple) else model_or_params.mesh
@@ -91,6 +94,13 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = jax.device_put(prompt_tokens, batch), jax.device_put(prompt_mask, batch)
     return _generate(graphdef, cfg, params, prompt_tokens, prompt_mask, key)
+
+
+def _pad_id(pad_id, eos_ids) -> int:
+    """What fills a row after its end: pad_id if given, else the first end token, else 0."""
+    if pad_id is not None:
+        return int(pad_id)
+    return eos_ids[0] if eos_ids else 0
 
 
 def _check_prompts(tokens, mask):
@@ -113,7 +123,8 @@ def _generate(graphdef, cfg: SamplingConfig, params, prompt_tokens, prompt_mask,
         return ((state.step < cfg.max_new_tokens)  # room left in the budget
                 & ~jnp.all(state.done))            # and some row has not ended yet
 
-    state = jax.lax.while_loop(cond_fn, functools.partial(_decode_step, model, cfg), state)
+    layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
+    state = jax.lax.while_loop(cond_fn, functools.partial(_decode_step, model, cfg, layers), state)
     return _finish(state, cfg)
 
 
@@ -140,7 +151,7 @@ def _prefill(model: Qwen2, cfg: SamplingConfig, tokens_pt, mask_pt, key) -> Samp
                          cache=cache, key=key)
 
 
-def _decode_step(model: Qwen2, cfg: SamplingConfig, state: SamplingState) -> SamplingState:
+def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, state: SamplingState) -> SamplingState:
     """Draws token `step` for every row, records it, and runs it through the model for the next logits."""
     token, logprob, entropy = distributions.sample(
         jax.random.fold_in(state.key, state.step), state.logits, temperature=cfg.temperature, top_k=cfg.top_k,
@@ -149,7 +160,7 @@ def _decode_step(model: Qwen2, cfg: SamplingConfig, state: SamplingState) -> Sam
     token = jnp.where(live, token, cfg.pad_id)
     write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, state.step))  # noqa: E731
     ended = jnp.isin(token, jnp.asarray(cfg.eos_ids, jnp.int32)) if cfg.eos_ids else jnp.zeros_like(live)
-    hidden, cache = model.hidden_states(token[:, None], live[:, None], cache=state.cache)
+    hidden, cache = model.hidden_states(token[:, None], live[:, None], cache=state.cache, layers=layers)
     return SamplingState(
         step=state.step + 1,
         tokens=write(state.tokens, token),
