@@ -170,12 +170,17 @@ def test_ids_beyond_the_tokenizer_are_never_sampled(checkpoint):
 def test_no_recompilation_for_same_shapes(checkpoint):
     _, _, model = checkpoint
     compiles = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, *a, **k: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+
+    def on_event(event, *args, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
     tokens, mask = prompts()
     kw = dict(max_new_tokens=5, top_p=0.8, eos_ids=(3,), num_samples=2)
     generate(model, tokens, mask, jax.random.key(0), **kw)
     before = len(compiles)
+    assert before > 0  # the listener sees compilations (this config is new to the process)
     other = np.random.RandomState(1).randint(3, VOCAB, tokens.shape)
     generate(model, other, mask, jax.random.key(1), **kw)
     generate(model, tokens, np.ones_like(mask), jax.random.key(2), **kw)

@@ -16,7 +16,8 @@ from r3jax.model.config import ModelConfig
 class Cache:
     """Keys and values of every layer, plus which slots hold real tokens.
 
-    k, v:   [L, B, S, K, H]
+    k, v:   [L, B, K, S, H] (heads before slots: a decode step's attention then reads each head's
+            keys as one contiguous [S, H] block, with no transpose of the cache)
     mask:   [B, S] bool, True where a slot holds a real (non-padding) token
     index:  [] int32, the next slot to write; every row writes at the same slot, so a left-padded
             prompt batch stays aligned and decoding writes one column per step.
@@ -29,13 +30,13 @@ class Cache:
 
     @property
     def max_length(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32, mesh=None) -> Cache:
     """An empty cache of `max_length` slots (prompt plus new tokens), sharded like the activations."""
-    shape = (config.num_hidden_layers, batch, max_length, config.num_key_value_heads, config.head_dim)
-    kv_sharding = None if mesh is None else sharding.named(mesh, "cache_lbskh", shape)
+    shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim)
+    kv_sharding = None if mesh is None else sharding.named(mesh, "cache_lbksh", shape)
     mask_sharding = None if mesh is None else sharding.named(mesh, "cache_bs", (batch, max_length))
     # k and v get buffers of their own: the cache is donated into jitted steps, and one buffer
     # cannot be donated twice.
@@ -82,17 +83,18 @@ def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array
     return dataclasses.replace(cache, mask=new_mask, index=cache.index + t), positions, attn
 
 
-def write_layer(kv: tuple[jax.Array, jax.Array], layer: jax.Array, k_new: jax.Array, v_new: jax.Array,
+def write_layer(kv: tuple[jax.Array, jax.Array], layer, k_btkh: jax.Array, v_btkh: jax.Array,
                 index: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array, jax.Array]:
     """Writes one layer's new keys and values [B, T, K, H] at (layer, slot `index`) of the full
-    [L, B, S, K, H] cache, in place, and returns (full cache, this layer's keys, values [B, S, K, H]).
+    [L, B, K, S, H] cache, in place, and returns (full cache, this layer's keys, values [B, K, S, H]).
 
     Updating the whole stacked cache (rather than scanning over per-layer slices and restacking)
     lets XLA write in place: decoding never copies the cache.
     """
-    at = (layer, 0, index, 0, 0)
-    k_full = jax.lax.dynamic_update_slice(kv[0], k_new[None].astype(kv[0].dtype), at)
-    v_full = jax.lax.dynamic_update_slice(kv[1], v_new[None].astype(kv[1].dtype), at)
+    at = (layer, 0, 0, index, 0)
+    new = lambda x, full: x.swapaxes(1, 2)[None].astype(full.dtype)  # noqa: E731  [1, B, K, T, H]
+    k_full = jax.lax.dynamic_update_slice(kv[0], new(k_btkh, kv[0]), at)
+    v_full = jax.lax.dynamic_update_slice(kv[1], new(v_btkh, kv[1]), at)
     layer_k = jax.lax.dynamic_index_in_dim(k_full, layer, keepdims=False)
     layer_v = jax.lax.dynamic_index_in_dim(v_full, layer, keepdims=False)
     return (k_full, v_full), layer_k, layer_v

@@ -44,15 +44,15 @@ def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
     return x_btnh * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def attend(q_btnh, k_bskh, v_bskh, mask_bts) -> jax.Array:
+def attend(q_btnh, k_bksh, v_bksh, mask_bts) -> jax.Array:
     """Softmax attention with K KV heads shared by groups of R = N / K query heads (fp32 scores)."""
     b, t, n, h = q_btnh.shape
-    k = k_bskh.shape[2]
-    q_btkrh = q_btnh.reshape(b, t, k, n // k, h)
-    scores = jnp.einsum("btkrh,bskh->bkrts", q_btkrh, k_bskh, preferred_element_type=jnp.float32)
+    k = k_bksh.shape[1]
+    q_bkrth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+    scores = jnp.einsum("bkrth,bksh->bkrts", q_bkrth, k_bksh, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_bts[:, None, None], scores * h**-0.5, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-    return jnp.einsum("bkrts,bskh->btkrh", probs, v_bskh).reshape(b, t, n, h)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype)
+    return jnp.einsum("bkrts,bksh->btkrh", probs, v_bksh).reshape(b, t, n, h)
 
 
 class Attention(nnx.Module):
@@ -73,7 +73,7 @@ class Attention(nnx.Module):
 
     def __call__(self, x_btd, positions_bt, mask_bts, kv=None, layer=None, index=None):
         """Attends over the new tokens alone (kv None) or over layer `layer` of the full cache
-        (k, v [L, B, S, K, H]), into which the new keys and values are first written at slot
+        (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot
         `index`. Returns (out, kv)."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
         q = jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
@@ -81,7 +81,9 @@ class Attention(nnx.Module):
         v = jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj)) + w(self.v_bias)
         q = sharding.constrain(rope(q, positions_bt, self.rope_theta), "act_btnh", self.mesh)
         k = sharding.constrain(rope(k, positions_bt, self.rope_theta), "act_btkh", self.mesh)
-        if kv is not None:
+        if kv is None:
+            k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, K, T, H]
+        else:
             kv, k, v = kv_cache.write_layer(kv, layer, k, v, index)
         out = sharding.constrain(attend(q, k.astype(self.dtype), v.astype(self.dtype), mask_bts),
                                  "act_btnh", self.mesh)

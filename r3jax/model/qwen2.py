@@ -131,7 +131,7 @@ class Qwen2(nnx.Module):
     def _scan_layers(self, x, positions, mask_bts, kv, index):
         """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
 
-        The full [L, B, S, K, H] cache rides in the carry and each layer writes its slab in place."""
+        The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, per_layer):

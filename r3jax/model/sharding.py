@@ -63,7 +63,7 @@ ACTIVATION_SPECS = {
     "act_btf": P(BATCH, None, "tensor"),
     "act_btv": P(BATCH, None, "tensor"),
     "act_bt": P(BATCH, None),
-    "cache_lbskh": P(None, BATCH, None, "tensor", None),
+    "cache_lbksh": P(None, BATCH, "tensor", None, None),
     "cache_bs": P(BATCH, None),
 }
 

@@ -141,8 +141,8 @@ def _prefill(model: Qwen2, cfg: SamplingConfig, tokens_pt, mask_pt, key) -> Samp
                                 mask=share(cache.mask))
     if model.mesh is not None:
         cache = dataclasses.replace(
-            cache, k=sharding.constrain(cache.k, "cache_lbskh", model.mesh),
-            v=sharding.constrain(cache.v, "cache_lbskh", model.mesh),
+            cache, k=sharding.constrain(cache.k, "cache_lbksh", model.mesh),
+            v=sharding.constrain(cache.v, "cache_lbksh", model.mesh),
             mask=sharding.constrain(cache.mask, "cache_bs", model.mesh))
     n = cfg.max_new_tokens
     return SamplingState(step=jnp.zeros((), jnp.int32), tokens=jnp.full((b, n), cfg.pad_id, jnp.int32),
