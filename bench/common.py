@@ -25,3 +25,15 @@ def alternate(fns: dict, rounds: int = 5) -> dict:
 def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
     sys.stdout.flush()
+
+
+def main_over_cases(cases: dict, run, default_rounds: int) -> None:
+    """The shared command line: --rounds N --cases NAME...; calls run(name, case, rounds) for each."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=default_rounds)
+    parser.add_argument("--cases", nargs="*", default=list(cases), choices=list(cases))
+    args = parser.parse_args()
+    for name in args.cases:
+        run(name, cases[name], args.rounds)

@@ -6,7 +6,6 @@ Prints one JSON line per config with both throughputs, their ratio, and r3jax's 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -17,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import alternate, emit  # noqa: E402
+from common import alternate, emit, main_over_cases  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from r3jax import model as rm  # noqa: E402
@@ -84,14 +83,5 @@ def run(name, case, rounds):
           "torch_threads": torch.get_num_threads()})
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cases", nargs="*", default=list(CASES))
-    args = parser.parse_args()
-    for name in args.cases:
-        run(name, CASES[name], args.rounds)
-
-
 if __name__ == "__main__":
-    main()
+    main_over_cases(CASES, run, default_rounds=5)

@@ -8,7 +8,6 @@ line per case; the wide case also reports achieved FLOP/s against a jitted matmu
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -19,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import alternate, emit  # noqa: E402
+from common import alternate, emit, main_over_cases  # noqa: E402
 from model_forward import matmul_gflops  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
@@ -91,14 +90,5 @@ def run(name: str, case: dict, rounds: int):
     emit(record)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", nargs="*", default=list(CASES))
-    args = parser.parse_args()
-    for name in args.cases:
-        run(name, CASES[name], args.rounds)
-
-
 if __name__ == "__main__":
-    main()
+    main_over_cases(CASES, run, default_rounds=3)

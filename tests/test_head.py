@@ -69,3 +69,15 @@ def test_backward_never_materialises_full_logits():
     chunk_block_bytes = b * c * v * 4
     # A few [B, C, V] blocks live at once (logits, probabilities, their cotangent); never [B, T, V].
     assert compiled.memory_analysis().temp_size_in_bytes < 4 * chunk_block_bytes <= b * t * v * 4 / 8
+
+
+def test_model_head_gives_the_models_own_logprobs():
+    from r3jax import model as rm
+
+    model = rm.init_model(rm.tiny_tied(), seed=2)
+    tokens = np.random.RandomState(3).randint(0, 256, (2, 7))
+    hidden, _ = model.hidden_states(tokens)
+    logp, ent = head.token_logprobs_and_entropy(hidden[:, :-1], tokens[:, 1:], model, chunk_size=4)
+    ref_logp, ref_ent = head.logprobs_and_entropy_from_logits(model(tokens)[:, :-1], tokens[:, 1:])
+    np.testing.assert_allclose(logp, ref_logp, atol=1e-5)
+    np.testing.assert_allclose(ent, ref_ent, atol=1e-5)

@@ -21,16 +21,19 @@ def logprobs_and_entropy_from_logits(logits_btv: jax.Array, targets_bt: jax.Arra
     return target_logit - logz, logz - jnp.sum(probs * logits, axis=-1)
 
 
-def token_logprobs_and_entropy(hidden_btd: jax.Array, targets_bt: jax.Array, head_vd: jax.Array, *,
+def token_logprobs_and_entropy(hidden_btd: jax.Array, targets_bt: jax.Array, head_vd, *,
                                chunk_size: int = 512, temperature: float = 1.0,
                                valid_vocab: int | None = None):
     """Returns (logprobs [B, T], entropy [B, T]) in fp32 under softmax(hidden @ head_vd.T / temperature).
 
     hidden_btd: final-normed hidden states (e.g. `model.hidden_states(...)[0]`); targets_bt: the
-    token whose log-prob is wanted at each position; head_vd: `model.head_weight()`.
+    token whose log-prob is wanted at each position; head_vd: `model.head_weight()` [V, D], or the
+    model itself.
     valid_vocab: when set, logits of ids >= valid_vocab are excluded (padded embedding rows).
     Gradients flow to hidden and head through both outputs.
     """
+    if hasattr(head_vd, "head_weight"):
+        head_vd = head_vd.head_weight()
     b, t, d = hidden_btd.shape
     c = max(1, min(chunk_size, t))
     pad = (-t) % c
