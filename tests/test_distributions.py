@@ -55,3 +55,12 @@ def test_draws_follow_the_truncated_distribution():
                                         valid_vocab=None)
     freq = np.bincount(np.asarray(tokens), minlength=5) / 4000
     np.testing.assert_allclose(freq, [0, 0.4 / 0.7, 0, 0.3 / 0.7, 0], atol=0.03)
+
+
+def test_inverse_cdf_never_draws_excluded_tokens_at_either_end():
+    logits = np.full((2000, 6), np.finfo(np.float32).min, np.float32)
+    logits[:, 1:4] = [0.0, 1.0, 0.5]  # ids 0, 4 and 5 are excluded
+    tokens = np.asarray(distributions.draw(jax.random.key(2), jnp.asarray(logits)))
+    assert set(np.unique(tokens)) == {1, 2, 3}
+    probs = np.exp([0.0, 1.0, 0.5]) / np.exp([0.0, 1.0, 0.5]).sum()
+    np.testing.assert_allclose(np.bincount(tokens, minlength=6)[1:4] / 2000, probs, atol=0.035)
