@@ -18,9 +18,9 @@ def mesh():
 def test_parameters_are_really_split(hf_checkpoint, mesh):
     folder, _ = hf_checkpoint()
     model, _ = rm.load_pretrained(folder, mesh=mesh)
-    q = model.layers.self_attn.q_proj[...]  # [L, D, N, H]
-    assert q.sharding.spec == P(None, "fsdp", "tensor", None)
-    assert {s.data.shape for s in q.addressable_shards} == {(2, 32, 2, 16)}
+    q = model.layers.self_attn.q_proj[...]  # [L, N, H, D]
+    assert q.sharding.spec == P(None, "tensor", None, "fsdp")
+    assert {s.data.shape for s in q.addressable_shards} == {(2, 2, 16, 32)}
     emb = model.embed_tokens[...]
     assert emb.sharding.spec == P("tensor", "fsdp")
     assert emb.addressable_shards[0].data.shape == (64, 32)
@@ -32,7 +32,7 @@ def test_sample_mode_keeps_weights_whole_along_fsdp(hf_checkpoint, mesh):
     _, params = rm.split_params(model)
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         assert "fsdp" not in jax.tree.leaves(tuple(leaf.sharding.spec)), path
-    assert model.layers.mlp.up_proj[...].sharding.spec == P(None, None, "tensor")
+    assert model.layers.mlp.up_proj[...].sharding.spec == P(None, "tensor", None)
 
 
 def test_sharded_jitted_forward_equals_single_device(hf_checkpoint, mesh):
@@ -56,7 +56,7 @@ def test_sharded_jitted_forward_equals_single_device(hf_checkpoint, mesh):
 
 def test_fit_spec_leaves_indivisible_dims_whole(mesh):
     # 1 KV head cannot be split 2 ways; a batch of 2 can only take the data axis.
-    assert sharding.fit_spec(P("fsdp", "tensor", None), (64, 1, 16), mesh) == P("fsdp", None, None)
+    assert sharding.fit_spec(P("tensor", None, "fsdp"), (1, 16, 64), mesh) == P(None, None, "fsdp")
     assert sharding.fit_spec(P(("data", "fsdp"), None), (2, 5), mesh) == P("data", None)
 
 

@@ -60,13 +60,15 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
         d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nnx.Param(_init(rngs, (d, n, h), param_dtype))
+        # Weights keep Hugging Face's [out, in] order: on CPU a decode step's skinny matmul runs about
+        # twice as fast against [out, in] as against [in, out]; accelerators pick layouts themselves.
+        self.q_proj = nnx.Param(_init(rngs, (n, h, d), param_dtype))
         self.q_bias = nnx.Param(jnp.zeros((n, h), param_dtype))
-        self.k_proj = nnx.Param(_init(rngs, (d, k, h), param_dtype))
+        self.k_proj = nnx.Param(_init(rngs, (k, h, d), param_dtype))
         self.k_bias = nnx.Param(jnp.zeros((k, h), param_dtype))
-        self.v_proj = nnx.Param(_init(rngs, (d, k, h), param_dtype))
+        self.v_proj = nnx.Param(_init(rngs, (k, h, d), param_dtype))
         self.v_bias = nnx.Param(jnp.zeros((k, h), param_dtype))
-        self.o_proj = nnx.Param(_init(rngs, (n, h, d), param_dtype))
+        self.o_proj = nnx.Param(_init(rngs, (d, n, h), param_dtype))
         self.rope_theta = cfg.rope_theta
         self.dtype = dtype
         self.mesh = mesh
@@ -76,9 +78,9 @@ class Attention(nnx.Module):
         (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot
         `index`. Returns (out, kv)."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
-        q = jnp.einsum("btd,dnh->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
-        k = jnp.einsum("btd,dkh->btkh", x_btd, w(self.k_proj)) + w(self.k_bias)
-        v = jnp.einsum("btd,dkh->btkh", x_btd, w(self.v_proj)) + w(self.v_bias)
+        q = jnp.einsum("btd,nhd->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
+        k = jnp.einsum("btd,khd->btkh", x_btd, w(self.k_proj)) + w(self.k_bias)
+        v = jnp.einsum("btd,khd->btkh", x_btd, w(self.v_proj)) + w(self.v_bias)
         q = sharding.constrain(rope(q, positions_bt, self.rope_theta), "act_btnh", self.mesh)
         k = sharding.constrain(rope(k, positions_bt, self.rope_theta), "act_btkh", self.mesh)
         if kv is None:
@@ -87,7 +89,7 @@ class Attention(nnx.Module):
             kv, k, v = kv_cache.write_layer(kv, layer, k, v, index)
         out = sharding.constrain(attend(q, k.astype(self.dtype), v.astype(self.dtype), mask_bts),
                                  "act_btnh", self.mesh)
-        return jnp.einsum("btnh,nhd->btd", out, w(self.o_proj)), kv
+        return jnp.einsum("btnh,dnh->btd", out, w(self.o_proj)), kv
 
 
 class MLP(nnx.Module):
@@ -95,18 +97,18 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nnx.Param(_init(rngs, (d, f), param_dtype))
-        self.up_proj = nnx.Param(_init(rngs, (d, f), param_dtype))
-        self.down_proj = nnx.Param(_init(rngs, (f, d), param_dtype))
+        self.gate_proj = nnx.Param(_init(rngs, (f, d), param_dtype))  # [out, in], as in Attention
+        self.up_proj = nnx.Param(_init(rngs, (f, d), param_dtype))
+        self.down_proj = nnx.Param(_init(rngs, (d, f), param_dtype))
         self.dtype = dtype
         self.mesh = mesh
 
     def __call__(self, x_btd):
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
-        gate = jnp.einsum("btd,df->btf", x_btd, w(self.gate_proj))
-        up = jnp.einsum("btd,df->btf", x_btd, w(self.up_proj))
+        gate = jnp.einsum("btd,fd->btf", x_btd, w(self.gate_proj))
+        up = jnp.einsum("btd,fd->btf", x_btd, w(self.up_proj))
         hidden = sharding.constrain(jax.nn.silu(gate) * up, "act_btf", self.mesh)
-        return jnp.einsum("btf,fd->btd", hidden, w(self.down_proj))
+        return jnp.einsum("btf,df->btd", hidden, w(self.down_proj))
 
 
 class DecoderLayer(nnx.Module):

@@ -27,13 +27,13 @@ BATCH = ("data", "fsdp")
 PARAM_SPECS = {
     "emb_vd": P("tensor", "fsdp"),
     "norm_d": P(None),
-    "wq_dnh": P("fsdp", "tensor", None),
+    "wq_nhd": P("tensor", None, "fsdp"),
     "bq_nh": P("tensor", None),
-    "wkv_dkh": P("fsdp", "tensor", None),
+    "wkv_khd": P("tensor", None, "fsdp"),
     "bkv_kh": P("tensor", None),
-    "wo_nhd": P("tensor", None, "fsdp"),
-    "wup_df": P("fsdp", "tensor"),
-    "wdown_fd": P("tensor", "fsdp"),
+    "wo_dnh": P("fsdp", "tensor", None),
+    "wup_fd": P("tensor", "fsdp"),
+    "wdown_df": P("fsdp", "tensor"),
 }
 
 # Parameter path (as in the pure-dict params tree) -> role in PARAM_SPECS.
@@ -43,16 +43,16 @@ PARAM_ROLES = {
     ("norm", "scale"): "norm_d",
     ("layers", "input_layernorm", "scale"): "norm_d",
     ("layers", "post_attention_layernorm", "scale"): "norm_d",
-    ("layers", "self_attn", "q_proj"): "wq_dnh",
+    ("layers", "self_attn", "q_proj"): "wq_nhd",
     ("layers", "self_attn", "q_bias"): "bq_nh",
-    ("layers", "self_attn", "k_proj"): "wkv_dkh",
+    ("layers", "self_attn", "k_proj"): "wkv_khd",
     ("layers", "self_attn", "k_bias"): "bkv_kh",
-    ("layers", "self_attn", "v_proj"): "wkv_dkh",
+    ("layers", "self_attn", "v_proj"): "wkv_khd",
     ("layers", "self_attn", "v_bias"): "bkv_kh",
-    ("layers", "self_attn", "o_proj"): "wo_nhd",
-    ("layers", "mlp", "gate_proj"): "wup_df",
-    ("layers", "mlp", "up_proj"): "wup_df",
-    ("layers", "mlp", "down_proj"): "wdown_fd",
+    ("layers", "self_attn", "o_proj"): "wo_dnh",
+    ("layers", "mlp", "gate_proj"): "wup_fd",
+    ("layers", "mlp", "up_proj"): "wup_fd",
+    ("layers", "mlp", "down_proj"): "wdown_df",
 }
 
 # Activations and the KV cache (the same in both variants).

@@ -1,11 +1,10 @@
 """Hugging Face weights in and out: safetensors folders <-> r3jax params, placed straight into their shards.
 
-The whole mapping is one table of (HF tensor name, r3jax param path, layout). Layouts:
-  copy       same array                     (embeddings, norms, lm_head [V, D])
-  in_heads   HF [X*H, D]  <-> r3jax [D, X, H]  (q/k/v projections)
-  bias_heads HF [X*H]     <-> r3jax [X, H]     (q/k/v biases)
-  out_heads  HF [D, N*H]  <-> r3jax [N, H, D]  (o_proj)
-  T          HF [out, in] <-> r3jax [in, out]  (MLP)
+The whole mapping is one table of (HF tensor name, r3jax param path, layout). r3jax keeps HF's
+[out, in] order, so the only layouts are:
+  copy        same array                          (embeddings, norms, lm_head [V, D], MLP)
+  split_out   HF [X*H, D] <-> r3jax [X, H, D]      (q/k/v projections; biases [X*H] <-> [X, H])
+  split_in    HF [D, N*H] <-> r3jax [D, N, H]      (o_proj)
 Names with `{}` are per layer; r3jax stacks them along a leading L axis.
 """
 
@@ -33,16 +32,16 @@ WEIGHT_MAP = (
     ("lm_head.weight", ("lm_head",), "copy"),
     ("model.layers.{}.input_layernorm.weight", ("layers", "input_layernorm", "scale"), "copy"),
     ("model.layers.{}.post_attention_layernorm.weight", ("layers", "post_attention_layernorm", "scale"), "copy"),
-    ("model.layers.{}.self_attn.q_proj.weight", ("layers", "self_attn", "q_proj"), "in_heads"),
-    ("model.layers.{}.self_attn.q_proj.bias", ("layers", "self_attn", "q_bias"), "bias_heads"),
-    ("model.layers.{}.self_attn.k_proj.weight", ("layers", "self_attn", "k_proj"), "in_heads"),
-    ("model.layers.{}.self_attn.k_proj.bias", ("layers", "self_attn", "k_bias"), "bias_heads"),
-    ("model.layers.{}.self_attn.v_proj.weight", ("layers", "self_attn", "v_proj"), "in_heads"),
-    ("model.layers.{}.self_attn.v_proj.bias", ("layers", "self_attn", "v_bias"), "bias_heads"),
-    ("model.layers.{}.self_attn.o_proj.weight", ("layers", "self_attn", "o_proj"), "out_heads"),
-    ("model.layers.{}.mlp.gate_proj.weight", ("layers", "mlp", "gate_proj"), "T"),
-    ("model.layers.{}.mlp.up_proj.weight", ("layers", "mlp", "up_proj"), "T"),
-    ("model.layers.{}.mlp.down_proj.weight", ("layers", "mlp", "down_proj"), "T"),
+    ("model.layers.{}.self_attn.q_proj.weight", ("layers", "self_attn", "q_proj"), "split_out"),
+    ("model.layers.{}.self_attn.q_proj.bias", ("layers", "self_attn", "q_bias"), "split_out"),
+    ("model.layers.{}.self_attn.k_proj.weight", ("layers", "self_attn", "k_proj"), "split_out"),
+    ("model.layers.{}.self_attn.k_proj.bias", ("layers", "self_attn", "k_bias"), "split_out"),
+    ("model.layers.{}.self_attn.v_proj.weight", ("layers", "self_attn", "v_proj"), "split_out"),
+    ("model.layers.{}.self_attn.v_proj.bias", ("layers", "self_attn", "v_bias"), "split_out"),
+    ("model.layers.{}.self_attn.o_proj.weight", ("layers", "self_attn", "o_proj"), "split_in"),
+    ("model.layers.{}.mlp.gate_proj.weight", ("layers", "mlp", "gate_proj"), "copy"),
+    ("model.layers.{}.mlp.up_proj.weight", ("layers", "mlp", "up_proj"), "copy"),
+    ("model.layers.{}.mlp.down_proj.weight", ("layers", "mlp", "down_proj"), "copy"),
 )
 
 # Non-parameter buffers that old checkpoints carry and that r3jax recomputes.
@@ -58,39 +57,15 @@ class CheckpointError(ValueError):
 
 
 def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    if kind == "in_heads":
-        d, x, h = shape
-        return (x * h, d)
-    if kind == "bias_heads":
-        return (shape[0] * shape[1],)
-    if kind == "out_heads":
-        n, h, d = shape
-        return (d, n * h)
-    if kind == "T":
-        return shape[::-1]
+    if kind == "split_out":  # [X, H, D] -> [X*H, D]; a bias [X, H] -> [X*H]
+        return (shape[0] * shape[1],) + tuple(shape[2:])
+    if kind == "split_in":  # [D, N, H] -> [D, N*H]
+        return (shape[0], shape[1] * shape[2])
     return tuple(shape)
 
 
-def _from_hf(kind: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    if kind in ("in_heads", "out_heads"):
-        return w.T.reshape(shape)
-    if kind == "bias_heads":
-        return w.reshape(shape)
-    if kind == "T":
-        return w.T
-    return w
-
-
 def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
-    if kind == "in_heads":
-        return w.reshape(w.shape[0], -1).T
-    if kind == "bias_heads":
-        return w.reshape(-1)
-    if kind == "out_heads":
-        return w.reshape(-1, w.shape[-1]).T
-    if kind == "T":
-        return w.T
-    return w
+    return w.reshape(_hf_shape(kind, w.shape))
 
 
 def _expected_tensors(config: ModelConfig, abstract: dict) -> dict[str, tuple[tuple[str, ...], int | None, str, tuple]]:
@@ -191,12 +166,11 @@ def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype
     def build(keypath, leaf):
         p = tuple(k.key for k in keypath)
         names = by_path[p]
-        kind = expected[next(iter(names.values()))][2]
 
         def read(name, shape):
             # One open per tensor: the file's mapping (and its resident pages) ends with the read.
             with _open(files[name]) as f:
-                return _from_hf(kind, f.get_tensor(name), shape).astype(dtype, copy=False)
+                return f.get_tensor(name).reshape(shape).astype(dtype, copy=False)
 
         if p[0] == "layers":
             host = np.stack([read(names[i], leaf.shape[1:]) for i in range(config.num_hidden_layers)])
