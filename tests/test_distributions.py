@@ -64,3 +64,8 @@ def test_inverse_cdf_never_draws_excluded_tokens_at_either_end():
     assert set(np.unique(tokens)) == {1, 2, 3}
     probs = np.exp([0.0, 1.0, 0.5]) / np.exp([0.0, 1.0, 0.5]).sum()
     np.testing.assert_allclose(np.bincount(tokens, minlength=6)[1:4] / 2000, probs, atol=0.035)
+
+
+def test_top_p_keeps_ties_with_the_threshold():
+    logits = jnp.log(jnp.asarray([[0.4, 0.2, 0.2, 0.2], [0.1, 0.6, 0.1, 0.2]]))
+    np.testing.assert_array_equal(kept(distributions.top_p_filter(logits, 0.5)), [[1, 1, 1, 1], [0, 1, 0, 0]])

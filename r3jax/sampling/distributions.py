@@ -38,17 +38,27 @@ def top_k_filter(logits_bv: jax.Array, k: int) -> jax.Array:
 def top_p_filter(logits_bv: jax.Array, p: float) -> jax.Array:
     """Keeps the smallest set of most likely tokens whose probability mass reaches p (the nucleus).
 
-    A token is kept when the mass of the tokens strictly more likely than it is below p, so the most
-    likely token is always kept; p = 1 keeps all."""
+    The nucleus is {tokens with prob >= tau}, tau the largest probability whose upper set still
+    holds mass p (ties with tau stay in; the most likely token always does; p = 1 keeps all).
+    tau is found without sorting: non-negative fp32 values order like their int32 bit patterns, so a
+    31-step bisection over bit patterns lands exactly on one of the row's probabilities. A sort of
+    B x V per decode step costs ~25x more on a CPU (1.8 s at B = 32, V = 151,936).
+    """
     if p >= 1.0:
         return logits_bv
-    sorted_desc = -jnp.sort(-logits_bv, axis=-1)
-    probs = jax.nn.softmax(sorted_desc, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    kept = mass_before < p
-    # The smallest kept logit is the threshold; ties with it stay in.
-    threshold = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits_bv >= threshold, logits_bv, _FLOOR)
+    probs = jax.nn.softmax(logits_bv, axis=-1).reshape(-1, logits_bv.shape[-1])  # [B, V]
+    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+
+    def bisect(_, bounds):
+        lo, hi = bounds  # invariant: mass(lo) >= p > mass(hi), mass(tau) = sum of probs >= tau
+        mid = lo + (hi - lo) // 2
+        enough = jnp.sum(jnp.where(bits >= mid[:, None], probs, 0.0), axis=-1) >= p
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    bounds = (jnp.zeros(bits.shape[:1], jnp.int32), jnp.max(bits, axis=-1) + 1)
+    tau, _ = jax.lax.fori_loop(0, 31, bisect, bounds)
+    keep = (bits >= tau[:, None]).reshape(logits_bv.shape)
+    return jnp.where(keep, logits_bv, _FLOOR)
 
 
 def draw(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
