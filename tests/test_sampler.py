@@ -198,3 +198,26 @@ def test_sharded_run_equals_single_device(checkpoint):
     assert b.tokens.sharding.spec[0] == ("data", "fsdp")
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.entropies), np.asarray(b.entropies), atol=1e-5)
+
+
+def test_scanned_and_unrolled_decoding_agree(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    kw = dict(max_new_tokens=6, num_samples=2, eos_ids=(3,))
+    a = generate(model, tokens, mask, jax.random.key(12), **kw)
+    b = generate(rm.split_params(model), tokens, mask, jax.random.key(12), unroll_layers=False, **kw)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+
+
+def test_bad_inputs_are_named(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    with pytest.raises(TypeError, match="Qwen2 model or its"):
+        generate({"not": "a model"}, tokens, mask, jax.random.key(0), max_new_tokens=2)
+    empty = mask.copy()
+    empty[1] = False
+    with pytest.raises(ValueError, match=r"prompt rows \[1\] have no real token"):
+        generate(model, tokens, empty, jax.random.key(0), max_new_tokens=2)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        generate(model, tokens, mask, jax.random.key(0), max_new_tokens=2, top_p=0.0)

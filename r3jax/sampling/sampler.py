@@ -87,9 +87,14 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
     cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                          top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
                          valid_vocab=valid_vocab, pad_id=_pad_id(pad_id, eos_ids), unroll_layers=bool(unroll_layers))
-    graphdef, params = (nnx.split(model_or_params) if isinstance(model_or_params, Qwen2) else model_or_params)
+    if isinstance(model_or_params, Qwen2):
+        graphdef, params = nnx.split(model_or_params)
+    elif isinstance(model_or_params, tuple) and len(model_or_params) == 2:
+        graphdef, params = model_or_params
+    else:
+        raise TypeError(f"generate needs a Qwen2 model or its (graphdef, params), got {type(model_or_params).__name__}")
     prompt_tokens, prompt_mask = _check_prompts(prompt_tokens, prompt_mask)
-    mesh = nnx.merge(graphdef, params).mesh if isinstance(model_or_params, tuple) else model_or_params.mesh
+    mesh = nnx.merge(graphdef, params).mesh  # the mesh is static model metadata; merging copies nothing
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = jax.device_put(prompt_tokens, batch), jax.device_put(prompt_mask, batch)
