@@ -33,13 +33,17 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
 
 
-def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding in the rotate-half convention: the first and second half of H form pairs."""
-    h = x_btnh.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [B, T, 1, H] of the rotary angles, computed once per forward and shared by all layers."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles).astype(x_btnh.dtype), jnp.sin(angles).astype(x_btnh.dtype)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def rope(x_btnh: jax.Array, tables: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Rotary embedding in the rotate-half convention: the first and second half of H form pairs."""
+    cos, sin = tables
     x1, x2 = jnp.split(x_btnh, 2, axis=-1)
     return x_btnh * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
@@ -69,11 +73,10 @@ class Attention(nnx.Module):
         self.v_proj = nnx.Param(_init(rngs, (k, h, d), param_dtype))
         self.v_bias = nnx.Param(jnp.zeros((k, h), param_dtype))
         self.o_proj = nnx.Param(_init(rngs, (d, n, h), param_dtype))
-        self.rope_theta = cfg.rope_theta
         self.dtype = dtype
         self.mesh = mesh
 
-    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, layer=None, index=None):
+    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None):
         """Attends over the new tokens alone (kv None) or over layer `layer` of the full cache
         (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot
         `index`. Returns (out, kv)."""
@@ -81,8 +84,8 @@ class Attention(nnx.Module):
         q = jnp.einsum("btd,nhd->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
         k = jnp.einsum("btd,khd->btkh", x_btd, w(self.k_proj)) + w(self.k_bias)
         v = jnp.einsum("btd,khd->btkh", x_btd, w(self.v_proj)) + w(self.v_bias)
-        q = sharding.constrain(rope(q, positions_bt, self.rope_theta), "act_btnh", self.mesh)
-        k = sharding.constrain(rope(k, positions_bt, self.rope_theta), "act_btkh", self.mesh)
+        q = sharding.constrain(rope(q, rope_bt), "act_btnh", self.mesh)
+        k = sharding.constrain(rope(k, rope_bt), "act_btkh", self.mesh)
         if kv is None:
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, K, T, H]
         else:
@@ -122,8 +125,8 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
         self.mesh = mesh
 
-    def __call__(self, x_btd, positions_bt, mask_bts, kv=None, layer=None, index=None):
-        attn, kv = self.self_attn(self.input_layernorm(x_btd), positions_bt, mask_bts, kv, layer, index)
+    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None):
+        attn, kv = self.self_attn(self.input_layernorm(x_btd), rope_bt, mask_bts, kv, layer, index)
         x_btd = sharding.constrain(x_btd + attn, "act_btd", self.mesh)
         x_btd = sharding.constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd)), "act_btd", self.mesh)
         return x_btd, kv

@@ -17,7 +17,7 @@ from flax import nnx
 from r3jax.model import cache as kv_cache
 from r3jax.model import sharding
 from r3jax.model.config import ModelConfig
-from r3jax.model.layers import DecoderLayer, RMSNorm, _init
+from r3jax.model.layers import DecoderLayer, RMSNorm, _init, rope_tables
 
 REMAT_POLICIES = {
     "none": None,
@@ -114,21 +114,22 @@ class Qwen2(nnx.Module):
         else:
             index, kv = cache.index, (cache.k, cache.v)
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
+        tables = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
         x = jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.dtype)
         x = sharding.constrain(x, "act_btd", self.mesh)
         if layers is None:
-            x, kv = self._scan_layers(x, positions, mask_bts, kv, index)
+            x, kv = self._scan_layers(x, tables, mask_bts, kv, index)
         else:
             layer_graphdef = nnx.graphdef(self.layers)
             for i, params in enumerate(layers):
-                x, kv = nnx.merge(layer_graphdef, params)(x, positions, mask_bts, kv, i, index)
+                x, kv = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index)
         if cache is not None:
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
         return self.norm(x), cache
 
     # --- internals ---------------------------------------------------------------------------------
 
-    def _scan_layers(self, x, positions, mask_bts, kv, index):
+    def _scan_layers(self, x, tables, mask_bts, kv, index):
         """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
 
         The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place."""
@@ -137,7 +138,7 @@ class Qwen2(nnx.Module):
         def body(carry, per_layer):
             x, kv = carry
             params, layer = per_layer
-            return nnx.merge(graphdef, params)(x, positions, mask_bts, kv, layer, index), None
+            return nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index), None
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
