@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +25,6 @@ REMAT_POLICIES = {
 }
 
 
-def _dtype(d) -> Any:
-    return jnp.dtype(d)
-
-
 class Qwen2(nnx.Module):
     """Qwen2ForCausalLM in Flax NNX.
 
@@ -43,7 +38,7 @@ class Qwen2(nnx.Module):
                  remat: str = "none", mesh=None):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
-        param_dtype, dtype = _dtype(param_dtype), _dtype(dtype)
+        param_dtype, dtype = jnp.dtype(param_dtype), jnp.dtype(dtype)
         self.config = config
         self.dtype = dtype
         self.remat = remat
