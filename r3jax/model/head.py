@@ -11,6 +11,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# A finite "minus infinity" for excluded ids: probability 0, and 0 * logit stays 0 in entropies.
+MASKED_LOGIT = float(jnp.finfo(jnp.float32).min)
+
+
+def mask_vocab(logits_v: jax.Array, valid_vocab: int | None) -> jax.Array:
+    """Excludes ids >= valid_vocab (padded embedding rows: the 1.5B model has 151936 for 151665 ids)."""
+    if valid_vocab is None or valid_vocab >= logits_v.shape[-1]:
+        return logits_v
+    return jnp.where(jnp.arange(logits_v.shape[-1]) < valid_vocab, logits_v, MASKED_LOGIT)
+
 
 def logprobs_and_entropy_from_logits(logits_btv: jax.Array, targets_bt: jax.Array):
     """log softmax(logits)[target] and the entropy -sum p log p, in fp32 (the reference formula)."""
@@ -47,10 +57,7 @@ def token_logprobs_and_entropy(hidden_btd: jax.Array, targets_bt: jax.Array, hea
     @jax.checkpoint
     def chunk(h_bcd, y_bc):
         logits = jnp.einsum("bcd,vd->bcv", h_bcd, head_vd, preferred_element_type=jnp.float32)
-        logits = logits / temperature
-        if valid_vocab is not None and valid_vocab < logits.shape[-1]:
-            # A finite floor, not -inf: excluded ids get probability 0 and 0 * logit stays 0.
-            logits = jnp.where(jnp.arange(logits.shape[-1]) < valid_vocab, logits, jnp.finfo(jnp.float32).min)
+        logits = mask_vocab(logits / temperature, valid_vocab)
         return logprobs_and_entropy_from_logits(logits, y_bc)
 
     _, (logp_nbc, ent_nbc) = jax.lax.scan(lambda carry, xs: (carry, chunk(*xs)), None,

@@ -10,9 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from r3jax.model.head import logprobs_and_entropy_from_logits
-
-_FLOOR = jnp.finfo(jnp.float32).min  # finite "minus infinity": 0 * floor stays 0 in entropies
+from r3jax.model.head import MASKED_LOGIT as _FLOOR
+from r3jax.model.head import logprobs_and_entropy_from_logits, mask_vocab
 
 
 def scale(logits_bv: jax.Array, temperature: float, valid_vocab: int | None) -> jax.Array:
@@ -22,9 +21,7 @@ def scale(logits_bv: jax.Array, temperature: float, valid_vocab: int | None) -> 
     logits = logits_bv.astype(jnp.float32)
     if temperature > 0:
         logits = logits / temperature
-    if valid_vocab is not None and valid_vocab < logits.shape[-1]:
-        logits = jnp.where(jnp.arange(logits.shape[-1]) < valid_vocab, logits, _FLOOR)
-    return logits
+    return mask_vocab(logits, valid_vocab)
 
 
 def top_k_filter(logits_bv: jax.Array, k: int) -> jax.Array:
