@@ -1,0 +1,1 @@
+"""Math problem sets, prompts and the question iterator."""
