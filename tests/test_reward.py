@@ -24,3 +24,12 @@ def test_bad_inputs():
         reward.r3_reward([True], [-1])
     with pytest.raises(ValueError, match="max_length"):
         reward.r3_reward([True], [1], max_length=0)
+
+
+def test_jax_arrays_give_the_same_rewards():
+    import jax
+    import jax.numpy as jnp
+
+    correct, lengths = [True, True, False], [100, 40000, 5]
+    got = jax.jit(lambda c, n: reward.r3_reward(c, n, xp=jnp))(jnp.asarray(correct), jnp.asarray(lengths))
+    np.testing.assert_allclose(got, reward.r3_reward(correct, lengths), rtol=1e-6)

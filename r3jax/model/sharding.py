@@ -65,6 +65,14 @@ ACTIVATION_SPECS = {
     "act_bt": P(BATCH, None),
     "cache_lbksh": P(None, BATCH, "tensor", None, None),
     "cache_bs": P(BATCH, None),
+    # RL state and batches: the replay buffer along its question axis Q over the whole mesh; rollout
+    # groups along P like a batch.
+    "buffer_qst": P(("data", "fsdp", "tensor"), None, None),
+    "buffer_qs": P(("data", "fsdp", "tensor"), None),
+    "buffer_q": P(("data", "fsdp", "tensor")),
+    "group_pgt": P(BATCH, None, None),
+    "group_pg": P(BATCH, None),
+    "group_p": P(BATCH),
 }
 
 

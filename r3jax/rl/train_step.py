@@ -1,0 +1,223 @@
+"""One R³ training step: a single pure function from (state, graded rollouts) to (state, metrics).
+
+`train_step` reads like Algorithm 1 of R³ (R3-SPEC §7, step 4); helpers below do the work, each
+testable alone. `make_train_step` jits it once with in/out shardings and the state donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from r3jax.model import sharding
+from r3jax.rewards import reward as r3_reward
+from r3jax.rl import advantages, dapo, loss, metrics, replay, serr
+from r3jax.rl import batch as rl_batch
+from r3jax.rl.algorithm import RLConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    params: dict                       # the policy's pure-dict params
+    opt_state: optax.OptState
+    buffer: replay.SampleBuffer | None  # R³ only (CCR and ISR read it)
+    step: jax.Array                    # [] int32 optimizer updates so far
+    key: jax.Array                     # randomness of step s = fold_in(key, s)
+    ref_params: dict | None            # frozen initial params, only when beta > 0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """Every group after R³: G on-policy responses then k replay slots (M = G + k; k = 0 without CCR)."""
+
+    tokens: jax.Array   # [P, M, T]
+    mask: jax.Array     # [P, M, T]
+    rewards: jax.Array  # [P, M]
+    valid: jax.Array    # [P, M]
+    mixed: jax.Array    # [P] received replayed responses
+
+
+def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state: TrainState,
+               batch: rl_batch.RolloutBatch):
+    """One iteration of Algorithm 1 on graded rollouts:
+
+    1. rewards: the grader's R³ rewards (+ DAPO's overlong shaping when on)
+    2. SERR: rank truncated failures of all-wrong groups by their entropy curves (§6)
+    3. CCR: append stored opposite-correctness responses to all-wrong / all-correct groups (§4)
+    4. advantages: Eq. 3 in mixed groups, Eq. 1 elsewhere
+    5. loss (Eq. 2) and gradients over micro-batches, one optimizer update
+    6. write the step's on-policy responses and their counts into the buffer (Algorithm 1, line 11)
+    """
+    key = jax.random.fold_in(state.key, state.step)
+    valid = batch.group_valid[:, None] & (batch.lengths > 0)                       # [P, G]
+    rewards = shaped_rewards(cfg, batch)                                           # 1
+    rewards, scored = ranking_rewards(cfg, batch, rewards, valid)                  # 2
+    groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key)        # 3
+    adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
+                                      alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
+    seqs, trainer_logprobs = loss_inputs(graphdef, cfg, state, batch, groups, adv)
+    micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg)
+    loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    buffer = store_responses(cfg, state.buffer, batch, valid, state.step)          # 6
+
+    zero_before = advantages.zero_advantage_groups(
+        advantages.group_advantages(batch.rewards, valid, jnp.zeros_like(batch.group_valid)), valid,
+        batch.group_valid)
+    zero_after = advantages.zero_advantage_groups(adv, groups.valid, batch.group_valid)
+    on_policy = rl_batch.response_positions(batch.mask & valid[..., None], batch.prompt_tokens.shape[1])
+    sampler = rl_batch.response_positions(batch.logprobs, batch.prompt_tokens.shape[1])
+    out = {**metrics.rollout_metrics(batch, valid, scored, zero_before, zero_after,
+                                     groups.valid[:, batch.tokens.shape[1]:].sum(axis=1)),
+           **policy, "policy/loss": loss_value, "policy/grad_norm": loss.grad_norm(grads),
+           "policy/logprob_mismatch": metrics.logprob_mismatch(sampler, _on_policy_rows(trainer_logprobs, batch),
+                                                               on_policy)}
+    return dataclasses.replace(state, params=params, opt_state=opt_state, buffer=buffer, step=state.step + 1), out
+
+
+def shaped_rewards(cfg: RLConfig, batch):
+    """The grader's rewards, plus DAPO's soft overlong penalty when `overlong_buffer` > 0."""
+    penalty = dapo.overlong_penalty(batch.lengths, cfg.max_response_tokens, cfg.overlong_buffer)
+    return batch.rewards + penalty if cfg.overlong_buffer else batch.rewards
+
+
+def ranking_rewards(cfg: RLConfig, batch, rewards, valid):
+    """SERR rewards replace the 0 of ranked failures (R3-SPEC §6); returns (rewards, scored [P, G])."""
+    if not cfg.uses_ranking:
+        return rewards, jnp.zeros_like(valid)
+    serr_r, scored = serr.serr_rewards(batch.entropies, batch.mask, batch.correct, batch.truncated, valid,
+                                       p=cfg.r3.serr_p, r_max=cfg.r3.serr_r_max, scope=cfg.r3.serr_scope)
+    return jnp.where(scored, serr_r, rewards), scored
+
+
+def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups:
+    """CCR (R3-SPEC §4): k replay slots per group, filled for collapsed groups from the buffer."""
+    if not cfg.uses_replay:
+        return Groups(batch.tokens, batch.mask, rewards, valid, jnp.zeros_like(batch.group_valid))
+    rep = replay.cross_context_replay(buffer, batch.qids, batch.correct, valid, batch.group_valid, cfg.r3.replay_k,
+                                      key)
+    t = batch.tokens.shape[2]
+    rep_tokens = jnp.pad(rep.tokens, ((0, 0), (0, 0), (0, max(0, t - rep.tokens.shape[2]))))[:, :, :t]
+    rep_mask = (jnp.arange(t) < rep.lengths[..., None]) & rep.valid[..., None]
+    rep_rewards = jnp.where(rep.valid, r3_reward.r3_reward(rep.correct, rep.lengths, cfg.max_length_reward,
+                                                           xp=jnp), 0.0)
+    return Groups(tokens=jnp.concatenate([batch.tokens, rep_tokens], axis=1),
+                  mask=jnp.concatenate([batch.mask & valid[..., None], rep_mask], axis=1),
+                  rewards=jnp.concatenate([rewards, rep_rewards], axis=1),
+                  valid=jnp.concatenate([valid, rep.valid], axis=1), mixed=rep.appended > 0)
+
+
+def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv):
+    """The loss's rows, with π_old (recomputed by the trainer before the update, R3-SPEC §2, or the
+    sampler's for on-policy tokens) and π_ref (β > 0). Returns (Sequences, trainer log-probs [B, S])."""
+    tokens, attention, response = rl_batch.to_sequences(batch.prompt_tokens, batch.prompt_mask, groups.tokens,
+                                                        groups.mask)
+    rows = (tokens, attention, response)
+    trainer = _no_grad_logprobs(graphdef, cfg, state.params, rows)
+    old = trainer
+    if cfg.old_logprobs == "sampler":  # on-policy rows take the sampler's; replayed rows keep the trainer's
+        g = batch.tokens.shape[1]
+        sampler = rl_batch.response_positions(batch.logprobs, batch.prompt_tokens.shape[1])
+        p, m = groups.tokens.shape[:2]
+        is_on_policy = (jnp.arange(m) < g)[None, :].repeat(p, axis=0).reshape(-1, 1)
+        old = jnp.where(is_on_policy, _pad_rows(sampler, p, g, m), trainer)
+    ref = (_no_grad_logprobs(graphdef, cfg, state.ref_params, rows) if cfg.beta > 0 else jnp.zeros_like(trainer))
+    seqs = rl_batch.Sequences(tokens=tokens, attention=attention, response=response,
+                              advantages=adv.reshape(-1), old_logprobs=old, ref_logprobs=ref)
+    return seqs, trainer
+
+
+def store_responses(cfg: RLConfig, buffer, batch, valid, step):
+    """Every graded on-policy response (plain and reflection) goes into its question's rings."""
+    if buffer is None:
+        return None
+    p, g, t = batch.tokens.shape
+    flat = lambda x: x.reshape(p * g, *x.shape[2:])  # noqa: E731
+    return replay.insert(buffer, jnp.repeat(batch.qids, g), flat(batch.tokens), flat(batch.lengths),
+                         flat(batch.correct), flat(valid), step)
+
+
+def _micro_batch_loss(graphdef, cfg: RLConfig, params, seqs: rl_batch.Sequences):
+    model = nnx.merge(graphdef, params)
+    logp, ent = loss.sequence_logprobs(model, seqs.tokens, seqs.attention, seqs.response, temperature=cfg.temperature,
+                                       chunk_size=cfg.chunk_size, valid_vocab=cfg.valid_vocab)
+    return loss.policy_loss_sums(logp, seqs.old_logprobs, seqs.advantages, seqs.response, eps_low=cfg.eps_low,
+                                 eps_high=cfg.eps_high, aggregation=cfg.aggregation,
+                                 ref_logprobs=seqs.ref_logprobs if cfg.beta > 0 else None, beta=cfg.beta,
+                                 entropies=ent)
+
+
+def _no_grad_logprobs(graphdef, cfg: RLConfig, params, rows):
+    """Teacher-forced log-probs of all rows, micro-batch by micro-batch, without gradients."""
+    micro = loss.split_micro_batches(rows, cfg.num_micro_batches)
+
+    def one(mb):
+        model = nnx.merge(graphdef, jax.lax.stop_gradient(params))
+        return loss.sequence_logprobs(model, *mb, temperature=cfg.temperature, chunk_size=cfg.chunk_size,
+                                      valid_vocab=cfg.valid_vocab)[0]
+
+    out = jax.lax.map(one, micro)
+    return out.reshape(-1, out.shape[-1])
+
+
+def _pad_rows(x_bs, p: int, g: int, m: int):
+    """[P * G, S] on-policy rows -> [P * M, S] with zero rows in the replay slots."""
+    x = x_bs.reshape(p, g, -1)
+    return jnp.pad(x, ((0, 0), (0, m - g), (0, 0))).reshape(p * m, -1)
+
+
+def _on_policy_rows(x_bs, batch):
+    """[P * M, S] rows -> the [P * G, S] on-policy ones."""
+    p, g = batch.tokens.shape[:2]
+    x = x_bs.reshape(p, -1, x_bs.shape[-1])
+    return x[:, :g].reshape(p * g, -1)
+
+
+# --- state and the jitted step -----------------------------------------------------------------------
+
+def init_train_state(params, cfg: RLConfig, tx: optax.GradientTransformation, *, num_questions: int, seed: int = 0,
+                     mesh=None) -> TrainState:
+    """The step-0 state: optimizer state, an empty buffer (R³ only), a reference copy (β > 0 only).
+
+    With a mesh, every array is placed by the sharding table (`state_shardings`)."""
+    buffer = None
+    if cfg.algorithm == "r3":
+        buffer = replay.init_buffer(num_questions, cfg.max_response_tokens, slots_correct=cfg.r3.slots_correct,
+                                    slots_wrong=cfg.r3.slots_wrong)
+    state = TrainState(params=params, opt_state=tx.init(params), buffer=buffer, step=jnp.zeros((), jnp.int32),
+                       key=jax.random.key(seed), ref_params=jax.tree.map(jnp.copy, params) if cfg.beta > 0 else None)
+    if mesh is not None:
+        state = jax.device_put(state, state_shardings(state, tx, mesh))
+    return state
+
+
+def state_shardings(state: TrainState, tx: optax.GradientTransformation, mesh) -> TrainState:
+    """Where each part of the state lives: params by the model's train sharding, optimizer moments like
+    their params, the buffer along its question axis, the rest replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params = sharding.param_shardings(state.params, mesh, "train")
+    opt = optax.tree_map_params(tx, lambda _, s: s, state.opt_state, params,
+                                transform_non_params=lambda _: replicated)
+    return TrainState(params=params, opt_state=opt,
+                      buffer=None if state.buffer is None else replay.buffer_shardings(state.buffer, mesh),
+                      step=replicated, key=replicated, ref_params=None if state.ref_params is None else params)
+
+
+def make_train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state: TrainState,
+                    batch: rl_batch.RolloutBatch, mesh=None):
+    """`train_step` jitted once: the state is donated and comes back with its input shardings."""
+    step = functools.partial(train_step, graphdef, cfg, tx)
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    shardings = state_shardings(state, tx, mesh)
+    return jax.jit(step, in_shardings=(shardings, rl_batch.batch_shardings(batch, mesh)),
+                   out_shardings=(shardings, None), donate_argnums=0)
