@@ -159,3 +159,20 @@ def test_baselines_build_no_buffer(name):
     cfg, tx, graphdef, state = setup(name)
     assert state.buffer is None and state.ref_params is None
     assert cfg.algorithm == name
+
+
+def test_reflection_answers_are_replayed_into_the_plain_question(r3_run):
+    """A correct answer from a reflection group (stored under its question's id) repairs that question's
+    all-wrong plain group at the next step: cross-context replay."""
+    step, state, _ = r3_run
+    state = jax.tree.map(jnp.copy, state)
+    first = make_batch([[False, False], [False, False], [True, True], [False, False]])
+    first = dataclasses.replace(first, qids=jnp.array([5, 6, 7, 7], jnp.int32),  # group 2 reflects on question 7
+                                is_reflection=jnp.array([False, False, True, False]))
+    state, m = step(state, first)
+    assert float(m["r3/isr_prompts"]) == 1.0 and float(m["r3/isr_accuracy"]) == 1.0
+    second = dataclasses.replace(make_batch([[False, False]] * P, truncated=np.zeros((P, G), bool), seed=4),
+                                 qids=jnp.array([7, 5, 6, 4], jnp.int32))
+    _, m = step(state, second)
+    assert float(m["r3/ccr_groups"]) == 1.0  # only question 7 has a stored correct answer
+    assert float(m["r3/ccr_appended"]) == 2.0

@@ -221,3 +221,9 @@ def make_train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, s
     shardings = state_shardings(state, tx, mesh)
     return jax.jit(step, in_shardings=(shardings, rl_batch.batch_shardings(batch, mesh)),
                    out_shardings=(shardings, None), donate_argnums=0)
+
+
+def optimizer(cfg: RLConfig) -> optax.GradientTransformation:
+    """AdamW with clipping and warmup from the config's fields (`loss.make_optimizer`)."""
+    return loss.make_optimizer(cfg.learning_rate, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps,
+                               weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
