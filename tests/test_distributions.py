@@ -69,3 +69,13 @@ def test_inverse_cdf_never_draws_excluded_tokens_at_either_end():
 def test_top_p_keeps_ties_with_the_threshold():
     logits = jnp.log(jnp.asarray([[0.4, 0.2, 0.2, 0.2], [0.1, 0.6, 0.1, 0.2]]))
     np.testing.assert_array_equal(kept(distributions.top_p_filter(logits, 0.5)), [[1, 1, 1, 1], [0, 1, 0, 0]])
+
+
+def test_two_level_draw_crosses_blocks_and_the_ragged_last_block():
+    """Mass in the first, a middle and the partial last block of a 1000-id vocabulary (blocks of 256)."""
+    ids, weights = np.array([3, 255, 256, 600, 999]), np.array([0.1, 0.2, 0.3, 0.15, 0.25])
+    logits = np.full((8000, 1000), np.finfo(np.float32).min, np.float32)
+    logits[:, ids] = np.log(weights)
+    tokens = np.asarray(distributions.draw(jax.random.key(3), jnp.asarray(logits)))
+    assert set(np.unique(tokens)) <= set(ids.tolist())
+    np.testing.assert_allclose(np.bincount(tokens, minlength=1000)[ids] / 8000, weights, atol=0.02)

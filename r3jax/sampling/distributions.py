@@ -58,22 +58,33 @@ def top_p_filter(logits_bv: jax.Array, p: float) -> jax.Array:
     return jnp.where(keep, logits_bv, _FLOOR)
 
 
-def draw(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
+def draw(key: jax.Array, logits_bv: jax.Array, block: int = 256) -> jax.Array:
     """One token per row from softmax(logits), by inverting the CDF with a single uniform per row.
 
     Exact like the Gumbel-max trick, but needs B random numbers per step instead of B x V (at
     V = 151,936 the random bits cost more than the rest of a small model's decode step). The CDF
-    comes from an associative scan, so its rounding error grows like log V, not V. Tokens of
+    is inverted in two levels: the block of `block` ids holding u (a CDF over V / block block
+    sums), then the id inside it (a CDF over one block). A CDF over all V ids costs far more on CPU
+    (XLA lowers a cumulative sum to a windowed reduction) and its rounding grows with V. Tokens of
     probability 0 occupy empty CDF intervals and can never be drawn.
     """
+    b, v = logits_bv.shape
     probs = jax.nn.softmax(logits_bv, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(key, logits_bv.shape[:-1] + (1,), jnp.float32) * cdf[..., -1:]
-    tokens = jnp.sum(cdf <= u, axis=-1)
-    # u can round up to the total; fall back to the mode rather than draw past the last token.
-    tokens = jnp.minimum(tokens, logits_bv.shape[-1] - 1)
-    chosen = jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
-    return jnp.where(chosen > 0, tokens, jnp.argmax(logits_bv, axis=-1))
+    nb = -(-v // block)
+    blocks = jnp.pad(probs, ((0, 0), (0, nb * block - v))).reshape(b, nb, block)    # [B, nb, C]
+    block_sums = blocks.sum(-1)                                                        # [B, nb]
+    block_cdf = jnp.cumsum(block_sums, axis=-1)
+    u = jax.random.uniform(key, (b, 1), jnp.float32) * block_cdf[:, -1:]
+    # u may round up to the total: then the last block with any mass
+    last_nonempty = nb - 1 - jnp.argmax((block_sums > 0)[:, ::-1], axis=-1)
+    chosen = jnp.minimum(jnp.sum(block_cdf <= u, axis=-1), last_nonempty)             # [B]
+    before = jnp.take_along_axis(block_cdf - block_sums, chosen[:, None], axis=-1)    # mass before the block
+    inner = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]          # [B, C]
+    offset = jnp.minimum(jnp.sum(jnp.cumsum(inner, axis=-1) <= u - before, axis=-1), block - 1)
+    # rounding can land on a zero-probability id at the block's end: take the block's mode instead
+    offset = jnp.where(jnp.take_along_axis(inner, offset[:, None], axis=-1)[:, 0] > 0, offset,
+                       jnp.argmax(inner, axis=-1))
+    return chosen * block + offset
 
 
 def sample(key: jax.Array, logits_bv: jax.Array, *, temperature: float, top_k: int, top_p: float,
