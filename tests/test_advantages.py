@@ -36,3 +36,11 @@ def test_zero_advantage_groups():
     valid = np.ones((3, 2), bool)
     got = advantages.zero_advantage_groups(adv, valid, np.array([True, True, False]))
     np.testing.assert_array_equal(got, [True, False, False])
+
+
+def test_equal_rewards_that_float32_cannot_hold_give_exact_zeros():
+    for g in (7, 8, 16):
+        for mixed in (False, True):
+            got = advantages.group_advantages(np.full((1, g), 1.9, np.float32), np.ones((1, g), bool),
+                                              np.array([mixed]), lam=0.0)
+            assert np.all(np.asarray(got) == 0.0), (g, mixed)

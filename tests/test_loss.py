@@ -215,7 +215,10 @@ def test_micro_batch_grads_equal_full_batch_grads(model, rollout_batch, aggregat
     for g, f in zip(jax.tree.leaves(grads), jax.tree.leaves(full_grads), strict=True):
         np.testing.assert_allclose(g, f, rtol=1e-6, atol=1e-6 * np.abs(f).max())
     assert set(metrics) == {"policy/clipfrac", "policy/kl", "policy/ratio_mean", "policy/approx_kl",
-                            "policy/entropy"}
+                            "policy/entropy", "policy/tokens"}
+    _, full_metrics = jax.jit(loss_sums)(params, batch)  # token means over micro-batches of unequal sizes
+    for key, value in full_metrics.items():
+        np.testing.assert_allclose(metrics[key], value, rtol=1e-5, err_msg=key)
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)

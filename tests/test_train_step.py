@@ -176,3 +176,31 @@ def test_reflection_answers_are_replayed_into_the_plain_question(r3_run):
     _, m = step(state, second)
     assert float(m["r3/ccr_groups"]) == 1.0  # only question 7 has a stored correct answer
     assert float(m["r3/ccr_appended"]) == 2.0
+
+
+def test_invalid_groups_change_nothing():
+    """Two real groups plus two unused slots train exactly like the two real groups alone."""
+    full = make_batch([[True, False], [False, True], [True, True], [False, False]])
+    masked_out = dataclasses.replace(full, group_valid=jnp.array([True, True, False, False]))
+    two = jax.tree.map(lambda x: x[:2], full)
+    results = []
+    for b in (masked_out, two):
+        cfg, tx, graphdef, state = setup("grpo")
+        results.append(train_step.make_train_step(graphdef, cfg, tx, state, b)(state, b)[1])
+    for key in ("policy/loss", "policy/grad_norm", "policy/entropy", "policy/tokens"):
+        np.testing.assert_allclose(results[0][key], results[1][key], rtol=1e-5, err_msg=key)
+
+
+def test_buffer_rows_round_up_to_the_mesh_and_shapes_are_checked():
+    mesh = sharding.make_mesh(data=2, fsdp=4)
+    cfg, tx, graphdef, _ = setup("r3")
+    state = train_step.init_train_state(qwen2.split_params(tiny())[1], cfg, tx, num_questions=5, mesh=mesh)
+    assert state.buffer.num_questions == 8
+    assert not state.buffer.correct.tokens.sharding.is_fully_replicated
+    wide = make_batch(MIXED)
+    wide = dataclasses.replace(wide, tokens=jnp.pad(wide.tokens, ((0, 0), (0, 0), (0, 2))))
+    with pytest.raises(ValueError, match="T = 8 response tokens but the buffer stores 6"):
+        jax.eval_shape(lambda s, b: train_step.train_step(graphdef, cfg, tx, s, b), state, wide)
+    with pytest.raises(ValueError, match=r"P \* \(G \+ k\) = 4 \* \(2 \+ 2\) = 16 rows"):
+        bad = dataclasses.replace(cfg, num_micro_batches=3)
+        jax.eval_shape(lambda s, b: train_step.train_step(graphdef, bad, tx, s, b), state, make_batch(MIXED))

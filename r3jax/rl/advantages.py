@@ -19,7 +19,11 @@ def group_advantages(rewards, valid, mixed, *, alpha: float = 1.0, lam: float = 
     mean = masked.masked_mean(rewards, valid, axis=1)                     # [P]
     std = masked.masked_std(rewards, valid, axis=1)                       # [P]
     scale = jnp.where(mixed, alpha * std + lam, std + eps)
-    return jnp.where(valid, (rewards - mean[:, None]) / scale[:, None], 0.0)
+    # Equal rewards can miss their float32 mean by an ulp, which std + 1e-6 would blow up to ~0.1:
+    # a group without spread gets exactly 0 (also when lam = 0 would make the scale 0).
+    spread = masked.masked_max(rewards, valid, axis=1) + masked.masked_max(-rewards, valid, axis=1)
+    scale = jnp.where(spread > 0, scale, 1.0)
+    return jnp.where(valid & (spread > 0)[:, None], (rewards - mean[:, None]) / scale[:, None], 0.0)
 
 
 def zero_advantage_groups(advantages, valid, group_valid):

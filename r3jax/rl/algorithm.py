@@ -69,7 +69,7 @@ class RLConfig:
     learning_rate: float = 1e-6
     warmup_steps: int = 0
     total_steps: int | None = None       # cosine decay to 0 when set; constant after warmup otherwise
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0              # AdamW decay moves params even when every advantage is 0
     max_grad_norm: float = 1.0
     num_micro_batches: int = 1           # gradient accumulation inside one step
     chunk_size: int = 512                # tokens per chunk of the log-prob head

@@ -45,14 +45,25 @@ def from_rollout(rollout, num_samples: int, *, qids, prompt_tokens, prompt_mask,
     if rollout.tokens.shape[0] != p * num_samples:
         raise ValueError(f"rollout has {rollout.tokens.shape[0]} rows, expected P * G = {p} * {num_samples}")
     group = lambda x: jnp.reshape(jnp.asarray(x), (p, num_samples, *jnp.shape(x)[1:]))  # noqa: E731
+    prompt_tokens, prompt_mask = left_align(prompt_tokens, prompt_mask)
     return RolloutBatch(
-        qids=jnp.asarray(qids, jnp.int32), prompt_tokens=jnp.asarray(prompt_tokens, jnp.int32),
-        prompt_mask=jnp.asarray(prompt_mask, bool), tokens=group(rollout.tokens), mask=group(rollout.mask),
+        qids=jnp.asarray(qids, jnp.int32), prompt_tokens=prompt_tokens,
+        prompt_mask=prompt_mask, tokens=group(rollout.tokens), mask=group(rollout.mask),
         logprobs=group(rollout.logprobs), entropies=group(rollout.entropies), lengths=group(rollout.lengths),
         truncated=group(rollout.truncated), correct=group(jnp.asarray(correct, bool)),
         rewards=group(jnp.asarray(rewards, jnp.float32)),
         group_valid=jnp.ones((p,), bool) if group_valid is None else jnp.asarray(group_valid, bool),
         is_reflection=jnp.zeros((p,), bool) if is_reflection is None else jnp.asarray(is_reflection, bool))
+
+
+def left_align(tokens, mask):
+    """Moves every row's real tokens to its right end, in order ([P, Tp] each).
+
+    The sampler accepts any padding, but a training row is [prompt | response]: the response's first
+    token must follow the prompt's last real token, so prompts are left-padded here."""
+    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask).astype(bool)
+    order = jnp.argsort(mask, axis=1, stable=True)  # padding first, then the real tokens in order
+    return jnp.take_along_axis(tokens, order, axis=1), jnp.take_along_axis(mask, order, axis=1)
 
 
 def batch_shardings(batch: RolloutBatch, mesh) -> RolloutBatch:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 
 from r3jax.rl import masked
@@ -13,18 +16,33 @@ def has_variance(rewards, valid):
     return spread > 0
 
 
-def select_groups(rewards, valid, num_groups: int):
-    """Dynamic sampling with fixed shapes: from P' >= num_groups over-sampled groups, the first
-    `num_groups` that have reward variance, in order; if fewer have, the rest of the rows are filled
-    with other groups and marked unused.
+def mixed_outcomes(correct, valid):
+    """[P] bool: the group has both correct and wrong valid responses (0 < accuracy < 1): DAPO's filter."""
+    n_correct = (correct & valid).sum(axis=1)
+    return (n_correct > 0) & (n_correct < valid.sum(axis=1))
 
-    rewards, valid: [P', G]. Returns (index [num_groups] int32 into P', keep [num_groups] bool).
+
+def select_groups(correct, valid, num_groups: int):
+    """Dynamic sampling with fixed shapes: from P' >= num_groups over-sampled groups, the first
+    `num_groups` whose accuracy is strictly between 0 and 1, in order; if fewer qualify, the rest
+    of the rows are filled with other groups and marked unused.
+
+    correct, valid: [P', G]. Returns (index [num_groups] int32 into P', keep [num_groups] bool).
     """
-    if num_groups > rewards.shape[0]:
-        raise ValueError(f"cannot select {num_groups} groups from {rewards.shape[0]} sampled ones")
-    varied = has_variance(rewards, valid)
-    order = jnp.argsort(~varied, stable=True)[:num_groups]        # varied groups first, each in order
-    return order.astype(jnp.int32), varied[order]
+    if num_groups > correct.shape[0]:
+        raise ValueError(f"cannot select {num_groups} groups from {correct.shape[0]} sampled ones")
+    useful = mixed_outcomes(jnp.asarray(correct, bool), jnp.asarray(valid, bool))
+    order = jnp.argsort(~useful, stable=True)[:num_groups]        # useful groups first, each in order
+    return order.astype(jnp.int32), useful[order]
+
+
+def filter_groups(batch, num_groups: int):
+    """A RolloutBatch of `num_groups` groups picked by `select_groups` from an over-sampled one; the
+    groups that had to fill the shape get group_valid False (the train step then ignores them)."""
+    valid = batch.group_valid[:, None] & (batch.lengths > 0)
+    index, keep = select_groups(batch.correct, valid, num_groups)
+    picked = jax.tree.map(lambda x: x[index], batch)
+    return dataclasses.replace(picked, group_valid=picked.group_valid & keep)
 
 
 def overlong_penalty(lengths, max_tokens: int, buffer: int):

@@ -135,6 +135,7 @@ def _policy_metrics(logprobs, old_logprobs, ratio, clip_active, kl, mask, entrop
         "policy/kl": jnp.zeros((), jnp.float32) if kl is None else mean(kl),
         "policy/ratio_mean": mean(ratio),
         "policy/approx_kl": mean(0.5 * log_ratio * log_ratio),
+        "policy/tokens": masked.masked_count(mask),  # also the weight of these means across micro-batches
     }
     if entropies is not None:
         metrics["policy/entropy"] = mean(entropies)
@@ -187,7 +188,7 @@ def micro_batch_grads(loss_fn, params, batch, num_micro_batches: int):
     which the mean of per-micro-batch means is not when micro-batches hold different numbers of tokens
     (token-mean) or of non-empty sequences (seq-mean-token-mean). Gradients accumulate in fp32 and are
     returned in each parameter's dtype.
-    Returns (loss, grads, metrics); metrics are averaged over micro-batches with equal weights.
+    Returns (loss, grads, metrics); token-mean metrics are weighted by each micro-batch's `policy/tokens`.
     """
     micro = split_micro_batches(batch, num_micro_batches)
     sum_and_grad = jax.value_and_grad(lambda p, mb: _sum_with_aux(loss_fn(p, mb)), has_aux=True)
@@ -203,7 +204,18 @@ def micro_batch_grads(loss_fn, params, batch, num_micro_batches: int):
     (grads, loss_sum, loss_count), metrics = jax.lax.scan(body, init, micro)
     denominator = jnp.maximum(loss_count, 1.0)
     grads = jax.tree.map(lambda g, p: (g / denominator).astype(jnp.result_type(p)), grads, params)
-    return loss_sum / denominator, grads, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+    return loss_sum / denominator, grads, _combine_metrics(metrics)
+
+
+def _combine_metrics(metrics):
+    """Per-micro-batch metrics [M] -> one value each: token means weighted by `policy/tokens` (so a
+    micro-batch without tokens counts for nothing), plain means for any metric without that weight."""
+    weights = metrics.get("policy/tokens")
+    if weights is None:
+        return jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+    total = jnp.sum(weights)
+    out = {k: jnp.sum(v * weights) / jnp.maximum(total, 1.0) for k, v in metrics.items() if k != "policy/tokens"}
+    return {**out, "policy/tokens": total}
 
 
 def _sum_with_aux(out):
@@ -231,13 +243,14 @@ def learning_rate_schedule(learning_rate: float, *, warmup_steps: int, total_ste
 
 
 def make_optimizer(learning_rate: float, *, warmup_steps: int, total_steps: int | None = None,
-                   weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    max_grad_norm: float | None = 1.0) -> optax.GradientTransformation:
     """clip_by_global_norm(max_grad_norm) then AdamW under `learning_rate_schedule`.
 
     Clipping: g ← g · min(1, max_grad_norm / ‖g‖₂) over all parameters together. max_grad_norm=None skips
-    it (the chain keeps its shape, so optimizer states stay interchangeable). Weight decay applies to
-    every parameter. Log `grad_norm(grads)` (before clipping) next to the update."""
+    it (the chain keeps its shape, so optimizer states stay interchangeable). Weight decay (default 0:
+    it would move params even on a step whose advantages are all 0) applies to every parameter. Log
+    `grad_norm(grads)` (before clipping) next to the update."""
     schedule = learning_rate_schedule(learning_rate, warmup_steps=warmup_steps, total_steps=total_steps)
     clip = optax.identity() if max_grad_norm is None else optax.clip_by_global_norm(max_grad_norm)
     return optax.chain(clip, optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))

@@ -112,7 +112,7 @@ def insert(buffer: SampleBuffer, qids, tokens, lengths, correct, valid, step) ->
     qids [B] question indices; tokens [B, T'] (T' <= T is padded, longer is cut); lengths [B];
     correct [B] bool; valid [B] bool (False rows, e.g. unused reflection slots, change nothing).
     """
-    qids = jnp.asarray(qids, jnp.int32)
+    qids, tokens = jnp.asarray(qids, jnp.int32), jnp.asarray(tokens, jnp.int32)
     correct, valid = jnp.asarray(correct, bool), jnp.asarray(valid, bool)
     lengths = jnp.minimum(jnp.asarray(lengths, jnp.int32), buffer.correct.tokens.shape[2])
     valid = valid & (qids >= 0) & (qids < buffer.num_questions)

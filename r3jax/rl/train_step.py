@@ -56,6 +56,7 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     5. loss (Eq. 2) and gradients over micro-batches, one optimizer update
     6. write the step's on-policy responses and their counts into the buffer (Algorithm 1, line 11)
     """
+    _check_shapes(cfg, state, batch)
     key = jax.random.fold_in(state.key, state.step)
     valid = batch.group_valid[:, None] & (batch.lengths > 0)                       # [P, G]
     rewards = shaped_rewards(cfg, batch)                                           # 1
@@ -70,8 +71,8 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     params = optax.apply_updates(state.params, updates)
     buffer = store_responses(cfg, state.buffer, batch, valid, state.step)          # 6
 
-    zero_before = advantages.zero_advantage_groups(
-        advantages.group_advantages(batch.rewards, valid, jnp.zeros_like(batch.group_valid)), valid,
+    zero_before = advantages.zero_advantage_groups(  # Eq. 1 on the rewards before SERR and CCR
+        advantages.group_advantages(shaped_rewards(cfg, batch), valid, jnp.zeros_like(batch.group_valid)), valid,
         batch.group_valid)
     zero_after = advantages.zero_advantage_groups(adv, groups.valid, batch.group_valid)
     on_policy = rl_batch.response_positions(batch.mask & valid[..., None], batch.prompt_tokens.shape[1])
@@ -84,6 +85,18 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     return dataclasses.replace(state, params=params, opt_state=opt_state, buffer=buffer, step=state.step + 1), out
 
 
+def _check_shapes(cfg: RLConfig, state: TrainState, batch) -> None:
+    """Shape errors at trace time, naming the numbers (not deep inside a reshape)."""
+    p, g, t = batch.tokens.shape
+    if state.buffer is not None and t != state.buffer.correct.tokens.shape[2]:
+        raise ValueError(f"rollouts have T = {t} response tokens but the buffer stores "
+                         f"{state.buffer.correct.tokens.shape[2]} (cfg.max_response_tokens): they must match")
+    rows = p * (g + (cfg.r3.replay_k if cfg.uses_replay else 0))
+    if rows % cfg.num_micro_batches:
+        raise ValueError(f"the loss has P * (G + k) = {p} * ({g} + {rows // p - g}) = {rows} rows, not divisible into "
+                         f"num_micro_batches = {cfg.num_micro_batches}")
+
+
 def shaped_rewards(cfg: RLConfig, batch):
     """The grader's rewards, plus DAPO's soft overlong penalty when `overlong_buffer` > 0."""
     penalty = dapo.overlong_penalty(batch.lengths, cfg.max_response_tokens, cfg.overlong_buffer)
@@ -91,18 +104,20 @@ def shaped_rewards(cfg: RLConfig, batch):
 
 
 def ranking_rewards(cfg: RLConfig, batch, rewards, valid):
-    """SERR rewards replace the 0 of ranked failures (R3-SPEC §6); returns (rewards, scored [P, G])."""
+    """SERR rewards replace the 0 of ranked failures (R3-SPEC §6). Returns (rewards, ranked [P, G]):
+    the in-scope responses of groups with at least two of them (a lone one is in scope but gets 0)."""
     if not cfg.uses_ranking:
         return rewards, jnp.zeros_like(valid)
     serr_r, scored = serr.serr_rewards(batch.entropies, batch.mask, batch.correct, batch.truncated, valid,
                                        p=cfg.r3.serr_p, r_max=cfg.r3.serr_r_max, scope=cfg.r3.serr_scope)
-    return jnp.where(scored, serr_r, rewards), scored
+    ranked = scored & (scored.sum(axis=1, keepdims=True) >= 2)
+    return jnp.where(scored, serr_r, rewards), ranked
 
 
 def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups:
     """CCR (R3-SPEC §4): k replay slots per group, filled for collapsed groups from the buffer."""
     if not cfg.uses_replay:
-        return Groups(batch.tokens, batch.mask, rewards, valid, jnp.zeros_like(batch.group_valid))
+        return Groups(batch.tokens, batch.mask & valid[..., None], rewards, valid, jnp.zeros_like(batch.group_valid))
     rep = replay.cross_context_replay(buffer, batch.qids, batch.correct, valid, batch.group_valid, cfg.r3.replay_k,
                                       key)
     t = batch.tokens.shape[2]
@@ -188,11 +203,16 @@ def init_train_state(params, cfg: RLConfig, tx: optax.GradientTransformation, *,
                      mesh=None) -> TrainState:
     """The step-0 state: optimizer state, an empty buffer (R³ only), a reference copy (β > 0 only).
 
-    With a mesh, every array is placed by the sharding table (`state_shardings`)."""
+    With a mesh, every array is placed by the sharding table (`state_shardings`), and the buffer gets
+    num_questions rounded up to a multiple of the device count, so that it splits evenly along Q (the
+    extra rows are never written)."""
     buffer = None
     if cfg.algorithm == "r3":
+        if mesh is not None:
+            num_questions = -(-num_questions // mesh.devices.size) * mesh.devices.size
         buffer = replay.init_buffer(num_questions, cfg.max_response_tokens, slots_correct=cfg.r3.slots_correct,
                                     slots_wrong=cfg.r3.slots_wrong)
+    params = jax.tree.map(jnp.copy, params)  # the step donates its state: the caller's model stays usable
     state = TrainState(params=params, opt_state=tx.init(params), buffer=buffer, step=jnp.zeros((), jnp.int32),
                        key=jax.random.key(seed), ref_params=jax.tree.map(jnp.copy, params) if cfg.beta > 0 else None)
     if mesh is not None:
