@@ -59,7 +59,12 @@ def top_p_filter(logits_bv: jax.Array, p: float) -> jax.Array:
 
 
 def draw(key: jax.Array, logits_bv: jax.Array, block: int = 256) -> jax.Array:
-    """One token per row from softmax(logits), by inverting the CDF with a single uniform per row.
+    """One token per row from softmax(logits); see `draw_uniform`."""
+    return draw_uniform(jax.random.uniform(key, logits_bv.shape[:1], jnp.float32), logits_bv, block)
+
+
+def draw_uniform(uniform_b: jax.Array, logits_bv: jax.Array, block: int = 256) -> jax.Array:
+    """One token per row from softmax(logits), by inverting the CDF at one uniform [0, 1) number per row.
 
     Exact like the Gumbel-max trick, but needs B random numbers per step instead of B x V (at
     V = 151,936 the random bits cost more than the rest of a small model's decode step). The CDF
@@ -74,7 +79,7 @@ def draw(key: jax.Array, logits_bv: jax.Array, block: int = 256) -> jax.Array:
     blocks = jnp.pad(probs, ((0, 0), (0, nb * block - v))).reshape(b, nb, block)    # [B, nb, C]
     block_sums = blocks.sum(-1)                                                        # [B, nb]
     block_cdf = jnp.cumsum(block_sums, axis=-1)
-    u = jax.random.uniform(key, (b, 1), jnp.float32) * block_cdf[:, -1:]
+    u = uniform_b[:, None] * block_cdf[:, -1:]
     # u may round up to the total: then the last block with any mass
     last_nonempty = nb - 1 - jnp.argmax((block_sums > 0)[:, ::-1], axis=-1)
     chosen = jnp.minimum(jnp.sum(block_cdf <= u, axis=-1), last_nonempty)             # [B]
@@ -87,9 +92,12 @@ def draw(key: jax.Array, logits_bv: jax.Array, block: int = 256) -> jax.Array:
     return chosen * block + offset
 
 
-def sample(key: jax.Array, logits_bv: jax.Array, *, temperature: float, top_k: int, top_p: float,
-           valid_vocab: int | None):
+def sample(key: jax.Array | None, logits_bv: jax.Array, *, temperature: float, top_k: int, top_p: float,
+           valid_vocab: int | None, uniform: jax.Array | None = None):
     """Draws one token per row. Returns (tokens [B], logprobs [B], entropies [B]).
+
+    The randomness is `key`, or `uniform` [B] numbers in [0, 1) drawn ahead (the sampler draws every
+    step's at once: per-step random-bit generation is a loop of its own on CPU).
 
     logprobs and entropies are those of softmax(logits / temperature) before top-k/top-p (the
     model's own softmax(logits) when temperature is 0, which decodes greedily)."""
@@ -97,7 +105,9 @@ def sample(key: jax.Array, logits_bv: jax.Array, *, temperature: float, top_k: i
     if temperature == 0:
         tokens = jnp.argmax(scaled, axis=-1)
     else:
-        tokens = draw(key, top_p_filter(top_k_filter(scaled, top_k), top_p))
+        if uniform is None:
+            uniform = jax.random.uniform(key, logits_bv.shape[:1], jnp.float32)
+        tokens = draw_uniform(uniform, top_p_filter(top_k_filter(scaled, top_k), top_p))
     tokens = tokens.astype(jnp.int32)
     logprobs, entropies = logprobs_and_entropy_from_logits(scaled, tokens)
     return tokens, logprobs, entropies

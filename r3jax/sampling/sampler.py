@@ -67,7 +67,7 @@ class SamplingState:
     done: jax.Array       # [B] an end token has been generated
     logits: jax.Array     # [B, V]
     cache: kv_cache.Cache
-    key: jax.Array
+    uniforms: jax.Array   # [T, B] the random number each row's draw at each step inverts the CDF at
 
 
 def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
@@ -153,13 +153,13 @@ def _prefill(model: Qwen2, cfg: SamplingConfig, tokens_pt, mask_pt, key) -> Samp
     return SamplingState(step=jnp.zeros((), jnp.int32), tokens=jnp.full((b, n), cfg.pad_id, jnp.int32),
                          logprobs=jnp.zeros((b, n), jnp.float32), entropies=jnp.zeros((b, n), jnp.float32),
                          lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), logits=share(logits),
-                         cache=cache, key=key)
+                         cache=cache, uniforms=jax.random.uniform(key, (n, b), jnp.float32))
 
 
 def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, state: SamplingState) -> SamplingState:
     """Draws token `step` for every row, records it, and runs it through the model for the next logits."""
     token, logprob, entropy = distributions.sample(
-        jax.random.fold_in(state.key, state.step), state.logits, temperature=cfg.temperature, top_k=cfg.top_k,
+        None, state.logits, uniform=state.uniforms[state.step], temperature=cfg.temperature, top_k=cfg.top_k,
         top_p=cfg.top_p, valid_vocab=cfg.valid_vocab)
     live = ~state.done  # rows still generating; an end token drawn now is part of the response
     token = jnp.where(live, token, cfg.pad_id)
@@ -175,7 +175,7 @@ def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, state: SamplingState
         done=state.done | (live & ended),
         logits=model.logits(hidden)[:, 0],
         cache=cache,
-        key=state.key,
+        uniforms=state.uniforms,
     )
 
 
