@@ -58,3 +58,30 @@ def test_reference_normalization():
     assert equivalence.normalize_reference(142.0) == "142.0"
     with pytest.raises(TypeError, match="reference answer"):
         equivalence.normalize_reference(None)
+
+
+@pytest.mark.parametrize("answer, reference, expected", [
+    ("5.", "5", True),                 # a final period on the answer side too
+    ("10\\,000", "10000", True),       # thin spaces between digit groups
+    ("45°", "45", True),
+    ("45\\degree", "45^\\circ", True),
+    ("52", "52_8", True),              # the digits in the base the question asked for
+    ("52_9", "52_8", False),           # math-verify drops subscripts: a different base must not pass
+    ("4210_{5}", "4210_5", True),
+])
+def test_answer_side_normalization(answer, reference, expected):
+    assert equivalence.judge(answer, reference)[0] is expected
+
+
+def test_a_slow_comparison_is_a_timeout_not_a_mismatch():
+    assert equivalence.judge("9^{9^{9^{9}}}", "1", timeout_s=1) == (False, "timeout")
+
+
+def test_judge_refuses_to_run_outside_the_main_thread():
+    import threading
+
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, equivalence.judge, "1", "1")))
+    thread.start()
+    thread.join()
+    assert errors and "main thread" in str(errors[0].value)

@@ -95,3 +95,70 @@ def test_closed_pool_refuses_work():
         p.grade(["1"], ["1"])
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
+
+
+def test_a_round_of_timeouts_per_worker_stays_within_the_bound():
+    """6 hostile answers, 2 workers, 1.5 s each: every round kills both workers, the warm spares refill
+    the slots at once, so the batch takes about 3 rounds x 1.5 s."""
+    with rewards.GradingPool(2, timeout_s=1.5) as p:
+        start = time.perf_counter()
+        results = p.grade(["9^{9^{9^{9}}}"] * 6, ["1"] * 6)
+        elapsed = time.perf_counter() - start
+        assert [ok for ok, _ in results] == [False] * 6
+        assert elapsed < 3 * 1.5 + 2.0, elapsed
+        assert p.grade(["3"], ["3"]) == [(True, "correct")]
+
+
+def test_an_interrupted_batch_leaves_the_pool_usable(grader):
+    import signal
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            grader.grade([str(i) for i in range(400)], [str(i) for i in range(400)])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert grader.grade(["1", "2", "3"], ["1", "2", "4"]) == [(True, "correct"), (True, "correct"),
+                                                               (False, "mismatch")]
+
+
+def test_a_forked_child_cannot_use_or_close_the_parents_pool(grader):
+    pid = os.fork()
+    if pid == 0:  # the child: refuse to grade, and close() must leave the parent's workers alone
+        code = 1
+        try:
+            grader.grade(["1"], ["1"])
+        except grading_pool.GradingPoolError:
+            code = 0
+        grader.close()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert grader.grade(["5"], ["5"]) == [(True, "correct")]
+
+
+def test_close_waits_for_a_batch_in_another_thread():
+    p = rewards.GradingPool(1, timeout_s=TIMEOUT_S, spares=0)
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("r", p.grade([str(i) for i in range(100)],
+                                                                        [str(i) for i in range(100)])))
+    worker.start()
+    time.sleep(0.2)
+    pids = p.worker_pids
+    p.close()
+    worker.join()
+    assert out["r"] == [(True, "correct")] * 100
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
+
+
+def test_references_are_checked_up_front():
+    with pytest.raises(ValueError, match=r"answers\[1\]"):
+        rewards.grade_batch(["<think></think> none", "x"], ["1", None])
+    with pytest.raises(ValueError, match=r"answers\[0\]"):
+        rewards.grade_batch(["x"], [{"a": 1}])

@@ -136,8 +136,8 @@ def test_file_with_no_problems_is_an_error(tmp_path):
 BROKEN_FILES = {  # id: (file name, bytes, what the error says)
     "json_array": ("broken.json", b'[{"problem": "A", "answer": "1"},', r"broken\.json: not valid JSON"),
     "jsonl_line": ("broken.jsonl", b'{"problem": "A", "answer": "1"}\n\n{"problem": "B",\n',
-                   r"broken\.jsonl: line 3: not valid JSON"),
-    "json_lines_in_json": ("broken.json", b'{"problem": "A", "answer": "1"}\n{oops}\n', r"broken\.json: line 2"),
+                   r"broken\.jsonl: row 1: line 3: not valid JSON"),
+    "json_lines_in_json": ("broken.json", b'{"problem": "A", "answer": "1"}\n{oops}\n', r"broken\.json: row 1: line 2"),
     "not_utf8": ("latin.jsonl", '{"problem": "caf\xe9", "answer": "1"}'.encode("latin-1"),
                  r"latin\.jsonl: not UTF-8"),
     "parquet": ("broken.parquet", b"PAR1 this is not parquet", r"broken\.parquet: not a readable parquet file"),
@@ -347,3 +347,11 @@ def test_real_overlaps_between_sets(real):
     assert len(math500 & {p.uid for p in train_aime}) == 3
     assert not math500 & {p.uid for p in train_math}
     assert not {p.uid for p in real("rllm/test/aime.json")} & {p.uid for p in train_aime}
+
+
+def test_skip_mode_skips_lines_that_are_not_json_and_a_bom_is_not_data(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes('\ufeff{"problem": "A", "answer": "1"}\n{not json\n{"problem": "B", "answer": "2"}\n'.encode())
+    loaded = rp.load_problems(path, on_error="skip")
+    assert [p.problem for p in loaded] == ["A", "B"]
+    assert [(i.row, i.reason.split(":")[0]) for i in loaded.report.skipped] == [(1, "line 2")]

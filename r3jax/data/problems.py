@@ -211,6 +211,8 @@ def answer_strings(row: dict) -> tuple[str, ...]:
 
 def row_to_problem(row: Any, source: str) -> Problem:
     """Maps one row to a Problem; raises _RowError saying what is wrong with it."""
+    if isinstance(row, _BadLine):
+        raise _RowError(row.reason)
     if not isinstance(row, dict):
         raise _RowError(f"expected an object, got {type(row).__name__}")
     text = problem_text(row)
@@ -270,22 +272,28 @@ def merge(*sets: ProblemSet) -> ProblemSet:
     return ProblemSet(tuple(problems.values()), report)
 
 
+class _BadLine(NamedTuple):
+    """A JSON-lines line that does not parse: a malformed row like any other (raised or skipped)."""
+
+    reason: str
+
+
 def _json_lines(text: str, file: str) -> list[Any]:
-    """One JSON value per non-blank line; an error names the 1-based line."""
+    """One JSON value per non-blank line; a line that does not parse becomes a `_BadLine` row."""
     rows = []
     for n, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise DataError(f"{file}: line {n}: not valid JSON ({e.msg}, column {e.colno})") from None
+                rows.append(_BadLine(f"line {n}: not valid JSON ({e.msg}, column {e.colno})"))
     return rows
 
 
 def read_json_rows(path: str) -> list[Any]:
     """Rows of a .json (one array, or JSON lines) or .jsonl file."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark some editors write is not data
             text = f.read()
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None

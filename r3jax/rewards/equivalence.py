@@ -11,12 +11,31 @@ from __future__ import annotations
 import functools
 import math
 import re
+import threading
 
 import math_verify
 from math_verify.errors import TimeoutException
 
 _LATEX_ONLY = (math_verify.LatexExtractionConfig(),)
 _DOLLAR = re.compile(r"(?<!\\)\$")  # math delimiters, not the escaped currency sign `\$`
+
+
+_DIGIT_SPACE = re.compile(r"(?<=\d)\\[,;:! ](?=\d)")  # 10\,000: a thin space between digit groups
+_DEGREES = re.compile(r"°|\\degree\b")
+_BASE = re.compile(r"_\{?(\d+)\}?\s*$")  # 52_8, 4210_{5}: a number written in a base
+
+
+def normalize_answer(answer: str) -> str:
+    """A model's boxed answer: digit-group spaces dropped, ° as ^\\circ, one final period dropped."""
+    text = _DEGREES.sub(lambda _: "^\\circ", _DIGIT_SPACE.sub("", answer)).strip()
+    return text[:-1].rstrip() if text.endswith(".") and not text.endswith("\\.") else text
+
+
+def same_base(reference, answer: str) -> bool:
+    """math-verify drops subscripts, so 52_9 would equal 52_8: when both name a base, it must agree."""
+    ref = _BASE.search(normalize_reference(reference)) if isinstance(reference, str) else None
+    ans = _BASE.search(answer)
+    return ref is None or ans is None or ref.group(1) == ans.group(1)
 
 
 def normalize_reference(answer) -> str:
@@ -64,6 +83,10 @@ def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
     refs = [references] if isinstance(references, (str, int, float)) else list(references)
     if not refs:
         raise ValueError("judge needs at least one reference answer")
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("equivalence.judge uses signal-based timeouts and must run in a main thread; "
+                           "use grade_batch / GradingPool, which grade in worker processes")
+    answer = normalize_answer(answer)
     try:
         parsed = parse_answer(answer, timeout_s)
     except TimeoutException:
@@ -72,10 +95,18 @@ def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
         return False, "parse_error"
     if not parsed:
         return False, "parse_error"
+    timed_out = False
     for ref in refs:
         gold = parse_reference(normalize_reference(ref), timeout_s)
-        if (gold and math_verify.verify(list(gold), parsed, timeout_seconds=timeout_s)
-                and small_numbers_agree(gold[0], parsed[0])):
+        try:
+            same = bool(gold) and math_verify.verify(list(gold), parsed, timeout_seconds=timeout_s, raise_on_error=True)
+        except TimeoutException:
+            timed_out, same = True, False
+        except Exception:  # noqa: BLE001  (incomparable objects: not equal)
+            same = False
+        if same and small_numbers_agree(gold[0], parsed[0]) and same_base(ref, answer):
             return True, "correct"
+    if timed_out:
+        return False, "timeout"
     # math-verify falls back to the raw string when its grammar rejects the LaTeX: that is a parse error
     return False, "mismatch" if any(not isinstance(x, str) for x in parsed) else "parse_error"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 
 from r3jax.rewards import extract, pool, reward
 
@@ -35,6 +36,7 @@ def grade_batch(responses, answers, *, num_tokens=None, timeout_s: float = 3.0, 
         raise ValueError(f"{len(responses)} responses but {len(answers)} answers")
     if num_tokens is not None and len(num_tokens) != len(responses):
         raise ValueError(f"{len(responses)} responses but {len(num_tokens)} num_tokens")
+    references = [pool.check_references(a, f"answers[{i}]") for i, a in enumerate(answers)]
     verdicts: list = [None] * len(responses)
     to_check = []
     for i, response in enumerate(responses):
@@ -49,7 +51,7 @@ def grade_batch(responses, answers, *, num_tokens=None, timeout_s: float = 3.0, 
             to_check.append((i, final))
     if to_check:
         grader = grader or shared_pool(timeout_s)
-        checked = grader.grade([a for _, a in to_check], [answers[i] for i, _ in to_check])
+        checked = grader.grade([a for _, a in to_check], [references[i] for i, _ in to_check])
         for (i, _), verdict in zip(to_check, checked, strict=True):
             verdicts[i] = verdict
     correct = [c for c, _ in verdicts]
@@ -58,9 +60,11 @@ def grade_batch(responses, answers, *, num_tokens=None, timeout_s: float = 3.0, 
 
 
 def shared_pool(timeout_s: float = 3.0) -> pool.GradingPool:
-    """One pool per timeout for the whole process, started on first use and closed at exit."""
-    grader = _default_pools.get(timeout_s)
+    """One pool per timeout for this process (a forked child gets its own), started on first use and
+    closed at exit."""
+    key = (os.getpid(), float(timeout_s))
+    grader = _default_pools.get(key)
     if grader is None or grader._closed:
-        grader = _default_pools[timeout_s] = pool.GradingPool(timeout_s=timeout_s)
+        grader = _default_pools[key] = pool.GradingPool(timeout_s=timeout_s)
         atexit.register(grader.close)
     return grader

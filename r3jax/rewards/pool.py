@@ -8,9 +8,10 @@ ends a spinning worker on its own), and an address-space rlimit (a huge power ra
 in the worker: `parse_error`). A worker that dies for any other reason (killed from outside, a crash
 in C) has its answer graded again by a fresh worker, once; a second death scores `timeout`.
 
-So `grade` returns one result per answer, always, within about
-ceil(len(answers) / num_workers) * timeout_s, plus a worker start-up (~1.5 s) for each kill beyond
-the first of a batch. Model text only ever reaches math-verify's LaTeX parser (see `equivalence`).
+So `grade` returns one result per answer, always, within about ceil(len(answers) / num_workers) *
+timeout_s plus slack: a killed worker's slot is refilled at once from the warm spares (one per worker
+by default), and nothing waits for a process to start while other answers are being graded. Model text
+only ever reaches math-verify's LaTeX parser (see `equivalence`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import collections
 import dataclasses
 import json
 import math
+import numbers
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +30,8 @@ import tempfile
 import threading
 import time
 from multiprocessing import connection
+
+import numpy as np
 
 import r3jax
 
@@ -60,38 +65,45 @@ class GradingPool:
     """`num_workers` grader processes; `grade(answers, references)` -> [(correct, reason)].
 
     timeout_s: wall-clock limit per answer. memory_mb: address-space limit per worker (0: none).
-    Use as a context manager or call `close()`; a worker also exits when this process does.
+    spares: warm workers waiting to replace killed ones (default one per worker, so a whole round of
+    timeouts costs no start-up). Use as a context manager or call `close()`; a worker also exits when
+    this process does. A pool belongs to the process that made it: a forked child must make its own.
     """
 
-    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 3.0, memory_mb: int = 2048):
+    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 3.0, memory_mb: int = 2048,
+                 spares: int | None = None):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.num_workers = int(num_workers if num_workers is not None else default_num_workers())
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.num_spares = self.num_workers if spares is None else int(spares)
+        if self.num_spares < 0:
+            raise ValueError(f"spares must be >= 0, got {spares}")
         self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
         self.stats = PoolStats()
-        self._dir = tempfile.TemporaryDirectory(prefix="r3jax-grader-")
+        self._pid = os.getpid()
+        self._dir = tempfile.mkdtemp(prefix="r3jax-grader-")
         self._lock = threading.Lock()
         self._closed = False
         self._workers: list[_Worker] = []
-        self._spare: _Worker | None = None
+        self._spares: collections.deque[_Worker] = collections.deque()
         launched: list[_Worker] = []
         try:
-            for _ in range(self.num_workers + 1):
+            for _ in range(self.num_workers + self.num_spares):
                 launched.append(self._launch())
             for worker in launched:
                 self._await_ready(worker)
         except BaseException:
             for worker in launched:
                 _kill(worker)
-            self._dir.cleanup()
+            shutil.rmtree(self._dir, ignore_errors=True)
             raise
-        self._workers, self._spare = launched[:-1], launched[-1]
+        self._workers, self._spares = launched[:self.num_workers], collections.deque(launched[self.num_workers:])
 
     @property
     def worker_pids(self) -> list[int]:
-        """Process ids of the active workers (not the spare)."""
+        """Process ids of the active workers (not the spares)."""
         return [w.process.pid for w in self._workers]
 
     def grade(self, answers, references) -> list[tuple[bool, str]]:
@@ -99,19 +111,25 @@ class GradingPool:
         answers, references = list(answers), list(references)
         if len(answers) != len(references):
             raise ValueError(f"{len(answers)} answers but {len(references)} references")
-        refs = []
-        for i, ref in enumerate(references):
-            ref = [ref] if isinstance(ref, (str, int, float)) else list(ref)
-            if not ref or not all(isinstance(r, (str, int, float)) and not isinstance(r, bool) for r in ref):
-                raise ValueError(f"references[{i}] must be a string, a number or a non-empty list of them: {ref!r}")
-            refs.append(ref)
+        refs = [check_references(ref, f"references[{i}]") for i, ref in enumerate(references)]
         for i, answer in enumerate(answers):
             if not isinstance(answer, str):
                 raise TypeError(f"answers[{i}] must be a string, got {type(answer).__name__}")
         with self._lock:
-            if self._closed:
-                raise GradingPoolError("this GradingPool is closed")
-            return self._run(answers, refs)
+            self._check_usable()
+            try:
+                return self._run(answers, refs)
+            except BaseException:  # interrupted mid-batch: no worker may keep a stale task or reply
+                for worker in [w for w in self._workers if w.task is not None]:
+                    self._replace(worker)
+                raise
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise GradingPoolError("this GradingPool is closed")
+        if os.getpid() != self._pid:
+            raise GradingPoolError(f"this GradingPool belongs to process {self._pid}; its workers cannot serve a "
+                                   f"forked child ({os.getpid()}): make a new pool in the child")
 
     def _run(self, answers, refs) -> list[tuple[bool, str]]:
         results: list = [None] * len(answers)
@@ -119,13 +137,17 @@ class GradingPool:
         retried: set[int] = set()
         while True:
             for i, worker in enumerate(self._workers):
-                if worker.task is None and pending:
+                if worker.ready and worker.task is None and pending:
                     self._send(i, pending.popleft(), answers, refs, pending)
             busy = [w for w in self._workers if w.task is not None]
-            if not busy:
+            starting = [w for w in self._workers if not w.ready]
+            if not busy and not (pending and starting):
                 break
-            wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-            ready = connection.wait([w.recv for w in busy], timeout=wait_s)
+            deadline = min([w.deadline for w in busy] + [time.monotonic() + START_TIMEOUT_S])
+            ready = connection.wait([w.recv for w in busy + starting], timeout=max(0.0, deadline - time.monotonic()))
+            for worker in starting:
+                if worker.recv in ready:
+                    self._await_ready(worker)
             for worker in busy:
                 if worker.recv in ready:
                     self._collect(worker, results, pending, retried)
@@ -133,6 +155,8 @@ class GradingPool:
                     results[worker.task] = (False, "timeout")
                     self.stats.timeouts += 1
                     self._replace(worker)
+            if starting and not busy and not ready:
+                raise GradingPoolError(f"no grader worker started within {START_TIMEOUT_S:.0f} s")
         self.stats.graded += len(answers)
         return results
 
@@ -151,7 +175,7 @@ class GradingPool:
         task = worker.task
         try:
             task_id, correct, reason = json.loads(worker.recv.recv_bytes())
-        except (EOFError, OSError, ValueError):  # it died (or sent garbage): find out how
+        except (EOFError, OSError, ValueError, TypeError):  # it died (or sent garbage): find out how
             try:
                 code = worker.process.wait(1.0)
             except subprocess.TimeoutExpired:
@@ -165,28 +189,35 @@ class GradingPool:
                 self.stats.crashes += 1
             self._replace(worker)
             return
-        results[task_id] = (bool(correct), str(reason))
+        if task_id != task:  # a reply to another batch's question can only mean a confused worker
+            pending.appendleft(task)
+            self._replace(worker)
+            return
+        results[task] = (bool(correct), str(reason))
         worker.task, worker.deadline = None, math.inf
 
     def _replace(self, worker: _Worker) -> None:
-        """Kills `worker`; the warm spare takes its slot and a new spare starts in the background."""
+        """Kills `worker`; a warm spare (or a fresh worker, still starting) takes its slot at once, and a new
+        spare starts in the background. Nothing here waits for a process to start."""
         _kill(worker)
-        spare, self._spare = self._spare, self._launch()
-        self._await_ready(spare)
-        self._workers[self._workers.index(worker)] = spare
+        fresh = self._launch()
+        if self._spares:
+            self._spares.append(fresh)
+            fresh = self._spares.popleft()
+        self._workers[self._workers.index(worker)] = fresh
         self.stats.replaced += 1
 
     def _launch(self) -> _Worker:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
-        log = os.path.join(self._dir.name, f"worker-{time.monotonic_ns()}.log")
+        log = os.path.join(self._dir, f"worker-{time.monotonic_ns()}.log")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [os.path.dirname(os.path.dirname(r3jax.__file__)), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         with open(log, "wb") as err:
             process = subprocess.Popen(
                 [sys.executable, "-m", "r3jax.rewards.worker", str(to_child), str(from_child), str(self.memory_mb)],
                 pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                cwd=self._dir.name, env=env)
+                cwd=self._dir, env=env)
         os.close(to_child)
         os.close(from_child)
         return _Worker(process, connection.Connection(from_parent, readable=False),
@@ -207,19 +238,24 @@ class GradingPool:
         worker.ready = True
 
     def close(self) -> None:
-        if self._closed:
+        """Stops every worker (waiting for a batch in progress to finish). A forked child's copy of the
+        pool does nothing here: the workers and their folder belong to the parent."""
+        if self._closed or os.getpid() != self._pid:
             return
-        self._closed = True
-        everyone = self._workers + ([self._spare] if self._spare else [])
-        for worker in everyone:
-            worker.send.close()  # end of input: the worker returns
-        for worker in everyone:
-            try:
-                worker.process.wait(1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            _kill(worker)
-        self._dir.cleanup()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            everyone = self._workers + list(self._spares)
+            for worker in everyone:
+                worker.send.close()  # end of input: the worker returns
+            for worker in everyone:
+                try:
+                    worker.process.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                _kill(worker)
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -232,6 +268,15 @@ class GradingPool:
             self.close()
         except Exception:  # noqa: BLE001  (interpreter shutdown)
             pass
+
+
+def check_references(ref, where: str) -> list:
+    """One answer's acceptable references as a non-empty list of str/numbers; a clear error otherwise."""
+    one = lambda r: isinstance(r, (str, numbers.Real, np.generic)) and not isinstance(r, (bool, np.bool_))  # noqa: E731
+    refs = [ref] if one(ref) else list(ref) if isinstance(ref, (list, tuple)) else None
+    if not refs or not all(one(r) for r in refs):
+        raise ValueError(f"{where} must be a string, a number or a non-empty list of them, got {ref!r}")
+    return [r if isinstance(r, str) else float(r) if isinstance(r, float | np.floating) else int(r) for r in refs]
 
 
 def _kill(worker: _Worker) -> None:
