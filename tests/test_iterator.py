@@ -115,3 +115,10 @@ def test_restore_takes_a_state():
     it = ri.QuestionIterator(num_questions=5, batch_size=2, seed=0)
     with pytest.raises(TypeError, match="IteratorState"):
         it.restore({"epoch": 0, "position": 0})
+
+
+def test_state_restored_as_zero_d_arrays():
+    from r3jax.data import iterator as ri
+
+    restored = {"epoch": np.asarray(2), "position": np.asarray(6)}  # what some checkpoint restores give back
+    assert ri.IteratorState.from_dict(restored) == ri.IteratorState(2, 6)

@@ -38,7 +38,8 @@ class IteratorState:
     def from_dict(cls, raw: dict[str, Any]) -> IteratorState:
         if not isinstance(raw, dict) or set(raw) != {"epoch", "position"}:
             raise ValueError(f"an iterator state is a dict with keys epoch and position, got {raw!r}")
-        return cls(epoch=raw["epoch"], position=raw["position"])
+        as_int = lambda x: x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x  # noqa: E731  (restored 0-d)
+        return cls(epoch=as_int(raw["epoch"]), position=as_int(raw["position"]))
 
 
 def epoch_permutation(seed: int, epoch: int, num_questions: int) -> np.ndarray:

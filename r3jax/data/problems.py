@@ -297,7 +297,7 @@ def read_json_rows(path: str) -> list[Any]:
             text = f.read()
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if path.endswith(".json"):
+    if path.lower().endswith(".json"):
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:
@@ -342,6 +342,7 @@ def _rows_and_source(path_or_id: str, split: str) -> tuple[Iterable[Any], str]:
     path = os.fspath(path_or_id)
     if os.path.isfile(path):
         stem, suffix = os.path.splitext(os.path.basename(path))
+        suffix = suffix.lower()
         if suffix in _JSON_SUFFIXES:
             return read_json_rows(path), stem
         if suffix in _PARQUET_SUFFIXES:

@@ -8,7 +8,6 @@ alone (an ANTLR grammar that builds sympy objects and runs nothing). Its own tim
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import threading
@@ -48,10 +47,20 @@ def normalize_reference(answer) -> str:
     return text[:-1].rstrip() if text.endswith(".") and not text.endswith("\\.") else text
 
 
-@functools.lru_cache(maxsize=4096)
+_REFERENCES: dict[str, tuple] = {}
+
+
 def parse_reference(text: str, timeout_s: int = 3) -> tuple:
-    """Parsed normalized reference (cached: the same gold is graded G times per group)."""
-    return tuple(math_verify.parse(f"${text}$", extraction_config=_LATEX_ONLY, parsing_timeout=timeout_s))
+    """Parsed normalized reference, cached (the same gold is graded G times per group); an empty result
+    (a parse that failed or timed out) is not cached, so one slow moment cannot stick to a question."""
+    if text not in _REFERENCES:
+        parsed = tuple(math_verify.parse(f"${text}$", extraction_config=_LATEX_ONLY, parsing_timeout=timeout_s))
+        if not parsed:
+            return parsed
+        if len(_REFERENCES) >= 4096:
+            _REFERENCES.pop(next(iter(_REFERENCES)))
+        _REFERENCES[text] = parsed
+    return _REFERENCES[text]
 
 
 def parse_answer(answer: str, timeout_s: int = 3) -> list:

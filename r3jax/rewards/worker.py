@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import resource
+import signal
 import sys
 from multiprocessing import connection
 
@@ -36,6 +37,7 @@ def limit_cpu(seconds: float) -> None:
 def serve(conn_in: connection.Connection, conn_out: connection.Connection, memory_mb: int) -> None:
     from r3jax.rewards import equivalence
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer; the pool stops its workers
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # a timeout is a result, not a log line
     logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
     equivalence.judge("1", ["1"])  # warm the parser's caches before saying ready
