@@ -127,19 +127,34 @@ def test_an_interrupted_batch_leaves_the_pool_usable(grader):
                                                                (False, "mismatch")]
 
 
-def test_a_forked_child_cannot_use_or_close_the_parents_pool(grader):
+FORK_SCRIPT = """
+import os, sys
+from r3jax import rewards
+from r3jax.rewards import pool as grading_pool
+with rewards.GradingPool(1, timeout_s=2.0, spares=0) as p:
     pid = os.fork()
-    if pid == 0:  # the child: refuse to grade, and close() must leave the parent's workers alone
+    if pid == 0:  # the child: refuse to grade; close() must leave the parent's workers and folder alone
         code = 1
         try:
-            grader.grade(["1"], ["1"])
+            p.grade(["1"], ["1"])
         except grading_pool.GradingPoolError:
             code = 0
-        grader.close()
+        p.close()
         os._exit(code)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert grader.grade(["5"], ["5"]) == [(True, "correct")]
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert p.grade(["5"], ["5"]) == [(True, "correct")]
+print("ok")
+"""
+
+
+def test_a_forked_child_cannot_use_or_close_the_parents_pool():
+    """Run in a fresh interpreter: forking this test process, which has JAX's threads, could deadlock."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_close_waits_for_a_batch_in_another_thread():
