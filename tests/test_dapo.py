@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from r3jax.rl import dapo
+from r3jax.rl import advantages, dapo
 
 
 def test_select_groups_keeps_mixed_accuracy_groups_in_order():
@@ -27,7 +27,7 @@ def test_filter_groups_masks_the_fillers():
 
 def test_padded_slots_do_not_create_variance():
     rewards = np.array([[1.0, 5.0]])
-    assert not bool(dapo.has_variance(rewards, np.array([[True, False]]))[0])
+    assert not bool(advantages.has_spread(rewards, np.array([[True, False]]))[0])
 
 
 def test_overlong_penalty():

@@ -21,9 +21,14 @@ def group_advantages(rewards, valid, mixed, *, alpha: float = 1.0, lam: float = 
     scale = jnp.where(mixed, alpha * std + lam, std + eps)
     # Equal rewards can miss their float32 mean by an ulp, which std + 1e-6 would blow up to ~0.1:
     # a group without spread gets exactly 0 (also when lam = 0 would make the scale 0).
-    spread = masked.masked_max(rewards, valid, axis=1) + masked.masked_max(-rewards, valid, axis=1)
-    scale = jnp.where(spread > 0, scale, 1.0)
-    return jnp.where(valid & (spread > 0)[:, None], (rewards - mean[:, None]) / scale[:, None], 0.0)
+    spread = has_spread(rewards, valid)
+    scale = jnp.where(spread, scale, 1.0)
+    return jnp.where(valid & spread[:, None], (rewards - mean[:, None]) / scale[:, None], 0.0)
+
+
+def has_spread(rewards, valid):
+    """[P] bool: the group's valid rewards are not all equal (max - min > 0)."""
+    return masked.masked_max(rewards, valid, axis=1) + masked.masked_max(-rewards, valid, axis=1) > 0
 
 
 def zero_advantage_groups(advantages, valid, group_valid):

@@ -7,14 +7,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from r3jax.rl import masked
-
-
-def has_variance(rewards, valid):
-    """[P] bool: the group's valid rewards are not all equal (its GRPO advantages are not all 0)."""
-    spread = masked.masked_max(rewards, valid, axis=1) + masked.masked_max(-rewards, valid, axis=1)
-    return spread > 0
-
 
 def mixed_outcomes(correct, valid):
     """[P] bool: the group has both correct and wrong valid responses (0 < accuracy < 1): DAPO's filter."""
