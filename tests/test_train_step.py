@@ -204,3 +204,16 @@ def test_buffer_rows_round_up_to_the_mesh_and_shapes_are_checked():
     with pytest.raises(ValueError, match=r"P \* \(G \+ k\) = 4 \* \(2 \+ 2\) = 16 rows"):
         bad = dataclasses.replace(cfg, num_micro_batches=3)
         jax.eval_shape(lambda s, b: train_step.train_step(graphdef, bad, tx, s, b), state, make_batch(MIXED))
+
+
+@pytest.mark.parametrize("overrides", [dict(old_logprobs="sampler"), dict(beta=0.04)], ids=["sampler_old", "kl"])
+def test_other_objective_settings_train(overrides):
+    cfg, tx, graphdef, state = setup("r3", **overrides)
+    batch = make_batch(MIXED)
+    new, m = train_step.make_train_step(graphdef, cfg, tx, state, batch)(state, batch)
+    assert all(np.isfinite(float(v)) for v in m.values())
+    if "beta" in overrides:
+        assert new.ref_params is not None
+        assert abs(float(m["policy/kl"])) < 1e-6  # step 0: the policy is still its reference
+    else:
+        assert float(m["policy/ratio_mean"]) != 1.0  # sampler log-probs differ from the trainer's

@@ -77,12 +77,13 @@ def batch_shardings(batch: RolloutBatch, mesh) -> RolloutBatch:
 class Sequences:
     """B = P * M training rows [prompt (left-padded) | response (right-padded)] of length S = Tp + T."""
 
-    tokens: jax.Array          # [B, S]
-    attention: jax.Array       # [B, S] real tokens
-    response: jax.Array        # [B, S] response tokens (the loss's mask)
-    advantages: jax.Array      # [B]
-    old_logprobs: jax.Array    # [B, S]
-    ref_logprobs: jax.Array    # [B, S] (zeros when beta = 0)
+    tokens: jax.Array            # [B, S]
+    attention: jax.Array         # [B, S] real tokens
+    response: jax.Array          # [B, S] response tokens (the loss's mask)
+    on_policy: jax.Array         # [B, S] response tokens of on-policy rows (not replayed)
+    advantages: jax.Array        # [B]
+    sampler_logprobs: jax.Array  # [B, S] the sampler's log-probs on on-policy tokens, 0 elsewhere
+    ref_logprobs: jax.Array      # [B, S] (zeros when beta = 0)
 
 
 def to_sequences(prompt_tokens, prompt_mask, tokens, mask):

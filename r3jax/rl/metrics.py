@@ -43,7 +43,3 @@ def rollout_metrics(batch, valid, scored, zero_before, zero_after, replay_append
     }
     return jax.lax.stop_gradient(out)
 
-
-def logprob_mismatch(sampler_logprobs, trainer_logprobs, mask):
-    """Mean |sampler log-prob - trainer log-prob| over on-policy tokens: the built-in mismatch meter."""
-    return jax.lax.stop_gradient(masked.masked_mean(jnp.abs(sampler_logprobs - trainer_logprobs), mask))

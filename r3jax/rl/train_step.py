@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from r3jax.model import sharding
 from r3jax.rewards import reward as r3_reward
-from r3jax.rl import advantages, dapo, loss, metrics, replay, serr
+from r3jax.rl import advantages, dapo, loss, masked, metrics, replay, serr
 from r3jax.rl import batch as rl_batch
 from r3jax.rl.algorithm import RLConfig
 
@@ -64,7 +64,7 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key)        # 3
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
-    seqs, trainer_logprobs = loss_inputs(graphdef, cfg, state, batch, groups, adv)
+    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv)
     micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg)
     loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -75,13 +75,11 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
         advantages.group_advantages(shaped_rewards(cfg, batch), valid, jnp.zeros_like(batch.group_valid)), valid,
         batch.group_valid)
     zero_after = advantages.zero_advantage_groups(adv, groups.valid, batch.group_valid)
-    on_policy = rl_batch.response_positions(batch.mask & valid[..., None], batch.prompt_tokens.shape[1])
-    sampler = rl_batch.response_positions(batch.logprobs, batch.prompt_tokens.shape[1])
+    mismatch = policy.pop("_mismatch_per_token") / jnp.maximum(policy.pop("_on_policy_per_token"), 1e-30)
     out = {**metrics.rollout_metrics(batch, valid, scored, zero_before, zero_after,
                                      groups.valid[:, batch.tokens.shape[1]:].sum(axis=1)),
            **policy, "policy/loss": loss_value, "policy/grad_norm": loss.grad_norm(grads),
-           "policy/logprob_mismatch": metrics.logprob_mismatch(sampler, _on_policy_rows(trainer_logprobs, batch),
-                                                               on_policy)}
+           "policy/logprob_mismatch": mismatch}
     return dataclasses.replace(state, params=params, opt_state=opt_state, buffer=buffer, step=state.step + 1), out
 
 
@@ -131,24 +129,20 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups
                   valid=jnp.concatenate([valid, rep.valid], axis=1), mixed=rep.appended > 0)
 
 
-def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv):
-    """The loss's rows, with π_old (recomputed by the trainer before the update, R3-SPEC §2, or the
-    sampler's for on-policy tokens) and π_ref (β > 0). Returns (Sequences, trainer log-probs [B, S])."""
+def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv) -> rl_batch.Sequences:
+    """The loss's rows: [prompt | response] for every on-policy and replayed response, with the sampler's
+    log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass)."""
     tokens, attention, response = rl_batch.to_sequences(batch.prompt_tokens, batch.prompt_mask, groups.tokens,
                                                         groups.mask)
-    rows = (tokens, attention, response)
-    trainer = _no_grad_logprobs(graphdef, cfg, state.params, rows)
-    old = trainer
-    if cfg.old_logprobs == "sampler":  # on-policy rows take the sampler's; replayed rows keep the trainer's
-        g = batch.tokens.shape[1]
-        sampler = rl_batch.response_positions(batch.logprobs, batch.prompt_tokens.shape[1])
-        p, m = groups.tokens.shape[:2]
-        is_on_policy = (jnp.arange(m) < g)[None, :].repeat(p, axis=0).reshape(-1, 1)
-        old = jnp.where(is_on_policy, _pad_rows(sampler, p, g, m), trainer)
-    ref = (_no_grad_logprobs(graphdef, cfg, state.ref_params, rows) if cfg.beta > 0 else jnp.zeros_like(trainer))
-    seqs = rl_batch.Sequences(tokens=tokens, attention=attention, response=response,
-                              advantages=adv.reshape(-1), old_logprobs=old, ref_logprobs=ref)
-    return seqs, trainer
+    p, m = groups.tokens.shape[:2]
+    g, tp = batch.tokens.shape[1], batch.prompt_tokens.shape[1]
+    on_policy = response & (jnp.arange(m) < g)[None, :].repeat(p, axis=0).reshape(-1, 1)
+    sampler = _pad_rows(rl_batch.response_positions(batch.logprobs, tp), p, g, m)
+    ref = (_no_grad_logprobs(graphdef, cfg, state.ref_params, (tokens, attention, response)) if cfg.beta > 0
+           else jnp.zeros(tokens.shape, jnp.float32))
+    return rl_batch.Sequences(tokens=tokens, attention=attention, response=response, on_policy=on_policy,
+                              advantages=adv.reshape(-1), sampler_logprobs=jnp.where(on_policy, sampler, 0.0),
+                              ref_logprobs=ref)
 
 
 def store_responses(cfg: RLConfig, buffer, batch, valid, step):
@@ -162,13 +156,24 @@ def store_responses(cfg: RLConfig, buffer, batch, valid, step):
 
 
 def _micro_batch_loss(graphdef, cfg: RLConfig, params, seqs: rl_batch.Sequences):
+    """Eq. 2 on one micro-batch. π_old is recomputed by the trainer before the update (R3-SPEC §2): with
+    one update per batch that is this very forward pass, under stop_gradient (so every ratio is 1), and
+    no second pass is needed. With old_logprobs="sampler", on-policy tokens take the sampler's instead
+    (replayed ones always recompute). The same forward feeds the sampler/trainer mismatch meter."""
     model = nnx.merge(graphdef, params)
     logp, ent = loss.sequence_logprobs(model, seqs.tokens, seqs.attention, seqs.response, temperature=cfg.temperature,
                                        chunk_size=cfg.chunk_size, valid_vocab=cfg.valid_vocab)
-    return loss.policy_loss_sums(logp, seqs.old_logprobs, seqs.advantages, seqs.response, eps_low=cfg.eps_low,
-                                 eps_high=cfg.eps_high, aggregation=cfg.aggregation,
-                                 ref_logprobs=seqs.ref_logprobs if cfg.beta > 0 else None, beta=cfg.beta,
-                                 entropies=ent)
+    trainer = jax.lax.stop_gradient(logp)
+    old = jnp.where(seqs.on_policy, seqs.sampler_logprobs, trainer) if cfg.old_logprobs == "sampler" else trainer
+    (loss_sum, loss_count), policy = loss.policy_loss_sums(
+        logp, old, seqs.advantages, seqs.response, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+        aggregation=cfg.aggregation, ref_logprobs=seqs.ref_logprobs if cfg.beta > 0 else None, beta=cfg.beta,
+        entropies=ent)
+    # per response token, so that the token-weighted combination over micro-batches stays exact
+    tokens = jnp.maximum(policy["policy/tokens"], 1.0)
+    policy["_mismatch_per_token"] = masked.masked_sum(jnp.abs(seqs.sampler_logprobs - trainer), seqs.on_policy) / tokens
+    policy["_on_policy_per_token"] = masked.masked_count(seqs.on_policy) / tokens
+    return (loss_sum, loss_count), policy
 
 
 def _no_grad_logprobs(graphdef, cfg: RLConfig, params, rows):
@@ -188,13 +193,6 @@ def _pad_rows(x_bs, p: int, g: int, m: int):
     """[P * G, S] on-policy rows -> [P * M, S] with zero rows in the replay slots."""
     x = x_bs.reshape(p, g, -1)
     return jnp.pad(x, ((0, 0), (0, m - g), (0, 0))).reshape(p * m, -1)
-
-
-def _on_policy_rows(x_bs, batch):
-    """[P * M, S] rows -> the [P * G, S] on-policy ones."""
-    p, g = batch.tokens.shape[:2]
-    x = x_bs.reshape(p, -1, x_bs.shape[-1])
-    return x[:, :g].reshape(p * g, -1)
 
 
 # --- state and the jitted step -----------------------------------------------------------------------
