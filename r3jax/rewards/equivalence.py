@@ -1,9 +1,11 @@
-"""Is an extracted answer equal to a reference? math-verify underneath, LaTeX parsing only.
+"""Is an extracted answer equal to a reference? Whole answers only, math-verify's comparison underneath.
 
-math-verify's default extraction also tries plain expressions through sympy's `parse_expr`, which
-evaluates Python; model text must never reach it, so both sides are parsed with its LaTeX extractor
-alone (an ANTLR grammar that builds sympy objects and runs nothing). Its own timeouts use
-`signal.alarm`, so call this in a process's main thread: the grading pool's workers do.
+Both sides are read by `latex.parse` (latex2sympy's LaTeX grammar, which runs nothing: math-verify's
+plain-expression mode goes through sympy's `parse_expr`, which evaluates Python, so model text never
+reaches it), and must be read completely. Then the written forms must agree (`shape`: sets, tuples and
+intervals are different things), an answer may not offer alternatives ("or") or hide an equation chain
+behind the reference, and math-verify's `verify` compares the values. Its timeouts use `signal.alarm`,
+so call this in a process's main thread: the grading pool's workers do.
 """
 
 from __future__ import annotations
@@ -13,28 +15,20 @@ import re
 import threading
 
 import math_verify
+import sympy
 from math_verify.errors import TimeoutException
+from sympy.core.relational import Relational
 
-_LATEX_ONLY = (math_verify.LatexExtractionConfig(),)
+from r3jax.rewards import latex, shape
+
 _DOLLAR = re.compile(r"(?<!\\)\$")  # math delimiters, not the escaped currency sign `\$`
-
-
-_DIGIT_SPACE = re.compile(r"(?<=\d)\\[,;:! ](?=\d)")  # 10\,000: a thin space between digit groups
-_DEGREES = re.compile(r"°|\\degree\b")
 _BASE = re.compile(r"_\{?(\d+)\}?\s*$")  # 52_8, 4210_{5}: a number written in a base
+_LATEX_ONLY = (math_verify.LatexExtractionConfig(),)
 
 
 def normalize_answer(answer: str) -> str:
-    """A model's boxed answer: digit-group spaces dropped, ° as ^\\circ, one final period dropped."""
-    text = _DEGREES.sub(lambda _: "^\\circ", _DIGIT_SPACE.sub("", answer)).strip()
-    return text[:-1].rstrip() if text.endswith(".") and not text.endswith("\\.") else text
-
-
-def same_base(reference, answer: str) -> bool:
-    """math-verify drops subscripts, so 52_9 would equal 52_8: when both name a base, it must agree."""
-    ref = _BASE.search(normalize_reference(reference)) if isinstance(reference, str) else None
-    ans = _BASE.search(answer)
-    return ref is None or ans is None or ref.group(1) == ans.group(1)
+    """A model's boxed answer without decoration (see `latex.clean`)."""
+    return latex.clean(answer)
 
 
 def normalize_reference(answer) -> str:
@@ -47,26 +41,34 @@ def normalize_reference(answer) -> str:
     return text[:-1].rstrip() if text.endswith(".") and not text.endswith("\\.") else text
 
 
-_REFERENCES: dict[str, tuple] = {}
+def same_base(reference, answer: str) -> bool:
+    """math-verify drops subscripts, so 52_9 would equal 52_8: when both name a base, it must agree."""
+    ref = _BASE.search(normalize_reference(reference)) if isinstance(reference, str) else None
+    ans = _BASE.search(answer)
+    return ref is None or ans is None or ref.group(1) == ans.group(1)
 
 
-def parse_reference(text: str, timeout_s: int = 3) -> tuple:
-    """Parsed normalized reference, cached (the same gold is graded G times per group); an empty result
-    (a parse that failed or timed out) is not cached, so one slow moment cannot stick to a question."""
+_REFERENCES: dict[str, object] = {}
+
+
+def parse_reference(text: str, timeout_s: int = 3):
+    """A normalized reference's value, cached (the same gold is graded G times per group); None when
+    it does not parse (a failed or timed-out parse is not cached, so one slow moment cannot stick).
+
+    References are trusted text: one the whole-answer parser refuses (a data set's odd spelling) is
+    read by math-verify's own extraction instead, so a question is never unanswerable."""
     if text not in _REFERENCES:
-        parsed = tuple(math_verify.parse(f"${text}$", extraction_config=_LATEX_ONLY, parsing_timeout=timeout_s))
-        if not parsed:
-            return parsed
+        try:
+            value = latex.parse(text, timeout_s)
+        except latex.NotWholeAnswer:
+            found = math_verify.parse(f"${text}$", extraction_config=_LATEX_ONLY, parsing_timeout=timeout_s)
+            value = next((v for v in found if not isinstance(v, str)), None)
+        if value is None:
+            return None
         if len(_REFERENCES) >= 4096:
             _REFERENCES.pop(next(iter(_REFERENCES)))
-        _REFERENCES[text] = parsed
+        _REFERENCES[text] = value
     return _REFERENCES[text]
-
-
-def parse_answer(answer: str, timeout_s: int = 3) -> list:
-    """Parsed model answer (the content of its box); [] when nothing parses. Raises on a parse timeout."""
-    return math_verify.parse(f"\\boxed{{{answer}}}", extraction_config=_LATEX_ONLY, parsing_timeout=timeout_s,
-                             raise_on_error=True)
 
 
 def small_numbers_agree(gold, answer, rel_tol: float = 1e-6) -> bool:
@@ -84,6 +86,29 @@ def small_numbers_agree(gold, answer, rel_tol: float = 1e-6) -> bool:
     return math.isclose(a, b, rel_tol=rel_tol, abs_tol=0.0)
 
 
+def _items(value) -> list:
+    return [value, *value.args] if isinstance(value, (sympy.FiniteSet, sympy.Tuple)) else [value]
+
+
+def relations_fit(gold, answer) -> bool:
+    """math-verify compares only the right-hand side when the answer is an equation and the reference is
+    not, so `2 = \\frac{1}{2}` would pass for 1/2: there, an equation must name a variable (`x = 7`).
+    An equation chain (`y = 99 = 2x+3`) passes only for a reference that is itself a chain."""
+    gold_items = _items(gold)
+    gold_relations = any(isinstance(g, (Relational, sympy.And)) for g in gold_items)
+    for a in _items(answer):
+        if isinstance(a, sympy.And) and not any(isinstance(g, sympy.And) for g in gold_items):
+            return False
+        if not gold_relations and isinstance(a, Relational) and not (
+                isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol)):
+            return False
+    return True
+
+
+def _verbatim(text: str) -> str:
+    return re.sub(r"\s+", "", latex.canonical(text))
+
+
 def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
     """(correct, reason): reason is `correct`, `mismatch`, `parse_error` or `timeout`.
 
@@ -95,27 +120,33 @@ def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("equivalence.judge uses signal-based timeouts and must run in a main thread; "
                            "use grade_batch / GradingPool, which grade in worker processes")
-    answer = normalize_answer(answer)
     try:
-        parsed = parse_answer(answer, timeout_s)
+        parsed = latex.parse(answer, timeout_s)
     except TimeoutException:
         return False, "timeout"
-    except Exception:  # noqa: BLE001  (the grammar or sympy rejected it)
+    except latex.NotWholeAnswer:
+        # the grammar cannot read some honest answers (`E_1, E_2`); one written exactly as a reference is
+        if not latex.hidden_characters(answer) and any(_verbatim(answer) == _verbatim(normalize_reference(r))
+                                                       for r in refs):
+            return True, "correct"
         return False, "parse_error"
-    if not parsed:
-        return False, "parse_error"
+    text = latex.canonical(answer)
     timed_out = False
     for ref in refs:
-        gold = parse_reference(normalize_reference(ref), timeout_s)
+        ref_text = normalize_reference(ref)
+        gold = parse_reference(ref_text, timeout_s)
+        if gold is None or (latex.offers_alternatives(answer) and not latex.offers_alternatives(ref_text)):
+            continue
+        if not shape.compatible(shape.shape(latex.canonical(ref_text)), shape.shape(text)):
+            continue
+        if not relations_fit(gold, parsed):
+            continue
         try:
-            same = bool(gold) and math_verify.verify(list(gold), parsed, timeout_seconds=timeout_s, raise_on_error=True)
+            same = math_verify.verify(gold, parsed, timeout_seconds=timeout_s, raise_on_error=True)
         except TimeoutException:
             timed_out, same = True, False
         except Exception:  # noqa: BLE001  (incomparable objects: not equal)
             same = False
-        if same and small_numbers_agree(gold[0], parsed[0]) and same_base(ref, answer):
+        if same and small_numbers_agree(gold, parsed) and same_base(ref, latex.clean(answer)):
             return True, "correct"
-    if timed_out:
-        return False, "timeout"
-    # math-verify falls back to the raw string when its grammar rejects the LaTeX: that is a parse error
-    return False, "mismatch" if any(not isinstance(x, str) for x in parsed) else "parse_error"
+    return False, "timeout" if timed_out else "mismatch"
