@@ -44,3 +44,14 @@ def test_equal_rewards_that_float32_cannot_hold_give_exact_zeros():
             got = advantages.group_advantages(np.full((1, g), 1.9, np.float32), np.ones((1, g), bool),
                                               np.array([mixed]), lam=0.0)
             assert np.all(np.asarray(got) == 0.0), (g, mixed)
+
+
+def test_eq1_keeps_precision_for_rewards_a_few_ulps_apart():
+    """All-correct group whose lengths differ by a token: R³ rewards near 2 differ by 1/32768."""
+    lengths = np.array([100, 101, 101, 103, 100, 102, 101, 100])
+    r64 = 1.0 + (1.0 - lengths / 32768.0)
+    got = np.asarray(advantages.group_advantages(r64.astype(np.float32)[None], np.ones((1, 8), bool),
+                                                 np.array([False]), eps=0.0))[0]
+    want = (r64 - r64.mean()) / r64.std()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert abs(got.sum()) < 1e-4

@@ -111,3 +111,9 @@ def test_buffer_is_sharded_along_questions():
 def test_bad_sizes_raise():
     with pytest.raises(ValueError, match="slots_wrong"):
         replay.init_buffer(2, 4, slots_wrong=0)
+
+
+def test_insert_refuses_a_negative_step():
+    tokens, lengths = responses(1)
+    with pytest.raises(ValueError, match=r"\(>= 0\), got -1"):
+        replay.insert(replay.init_buffer(2, 4), [0], tokens, lengths, [True], [True], step=-1)

@@ -217,3 +217,48 @@ def test_other_objective_settings_train(overrides):
         assert abs(float(m["policy/kl"])) < 1e-6  # step 0: the policy is still its reference
     else:
         assert float(m["policy/ratio_mean"]) != 1.0  # sampler log-probs differ from the trainer's
+
+
+def test_right_padded_prompts_train_like_left_padded_ones():
+    """A hand-built batch with right-padded prompts: the step left-aligns them (same update, same metrics)."""
+    left = make_batch(MIXED)
+    order = np.argsort(~np.asarray(left.prompt_mask), axis=1, kind="stable")  # real tokens first
+    right = dataclasses.replace(left, prompt_tokens=jnp.take_along_axis(left.prompt_tokens, order, axis=1),
+                                prompt_mask=jnp.take_along_axis(left.prompt_mask, order, axis=1))
+    assert not bool(right.prompt_mask[0, -1])
+    outs = []
+    for b in (left, right):
+        cfg, tx, graphdef, state = setup("grpo", sgd=True)
+        outs.append(train_step.make_train_step(graphdef, cfg, tx, state, b)(state, b))
+    assert _changed(outs[0][0].params, outs[1][0].params) == 0.0
+    for key in ("policy/loss", "policy/grad_norm", "policy/logprob_mismatch"):
+        assert float(outs[0][1][key]) == float(outs[1][1][key]), key
+
+
+def test_non_finite_loss_skips_the_update():
+    batch = make_batch(MIXED)  # a NaN sampler log-prob on a response token of a mixed group: the loss is NaN
+    batch = dataclasses.replace(batch, logprobs=batch.logprobs.at[0, 0, 0].set(jnp.nan))
+    cfg, tx, graphdef, state = setup("grpo", old_logprobs="sampler")
+    before = jax.tree.map(jnp.copy, (state.params, state.opt_state))
+    new, m = train_step.make_train_step(graphdef, cfg, tx, state, batch)(state, batch)
+    assert float(m["policy/skipped"]) == 1.0 and not np.isfinite(float(m["policy/loss"]))
+    assert _changed(before[0], new.params) == 0.0
+    assert _changed(before[1], new.opt_state) == 0.0
+    assert int(new.step) == 1
+    good = make_batch(MIXED)
+    _, m = train_step.make_train_step(graphdef, cfg, tx, new, good)(new, good)
+    assert float(m["policy/skipped"]) == 0.0
+
+
+def test_replayed_rewards_get_the_same_overlong_shaping():
+    """R³ with DAPO's overlong penalty on: a replayed response of the budget's length is penalised like an
+    on-policy one of that length."""
+    cfg, tx, graphdef, state = setup("r3", overlong_buffer=2)
+    stored = replay.insert(state.buffer, jnp.arange(P), jnp.ones((P, T), jnp.int32), jnp.full((P,), T),
+                           jnp.ones((P,), bool), jnp.ones((P,), bool), 0)
+    batch = make_batch([[False, False]] * P, truncated=np.zeros((P, G), bool))
+    valid = jnp.ones((P, G), bool)
+    groups = train_step.replayed_groups(cfg, stored, batch, batch.rewards, valid, jax.random.key(0))
+    replayed = np.asarray(groups.rewards[:, G:])[np.asarray(groups.valid[:, G:])]
+    expected = 1.0 + (1.0 - T / cfg.max_length_reward) - 1.0  # correct, length T: full overlong penalty -1
+    np.testing.assert_allclose(replayed, expected, rtol=1e-6)

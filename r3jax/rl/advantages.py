@@ -15,7 +15,14 @@ def group_advantages(rewards, valid, mixed, *, alpha: float = 1.0, lam: float = 
       mixed groups:  A_i = (R_i - mean(G_mix)) / (alpha * std(G_mix) + lam)     (Eq. 3 of R³)
       other groups:  A_i = (R_i - mean(G)) / (std(G) + eps)                      (Eq. 1, GRPO)
     A group whose rewards are all equal gets 0 everywhere (never NaN); invalid slots get 0.
+
+    Rewards are first centred on one valid member of their group: R³ rewards of correct answers sit
+    near 2 and differ by a few ulps when lengths differ by a token, and float32's mean of such values
+    loses those ulps (advantages off by ~0.3%, not summing to 0); the differences to one member are
+    exact (Sterbenz), so mean and std are taken of small numbers. Advantages do not change otherwise.
     """
+    first = jnp.argmax(valid, axis=1)                                     # [P] a valid member (or slot 0)
+    rewards = rewards - jnp.take_along_axis(rewards, first[:, None], axis=1)
     mean = masked.masked_mean(rewards, valid, axis=1)                     # [P]
     std = masked.masked_std(rewards, valid, axis=1)                       # [P]
     scale = jnp.where(mixed, alpha * std + lam, std + eps)

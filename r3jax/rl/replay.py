@@ -111,7 +111,11 @@ def insert(buffer: SampleBuffer, qids, tokens, lengths, correct, valid, step) ->
 
     qids [B] question indices; tokens [B, T'] (T' <= T is padded, longer is cut); lengths [B];
     correct [B] bool; valid [B] bool (False rows, e.g. unused reflection slots, change nothing).
+    step: the optimizer step that sampled them, >= 0 (a ring slot's step -1 means "empty", so a
+    negative step would store an entry that retrieval never sees).
     """
+    if not isinstance(step, jax.core.Tracer) and int(step) < 0:
+        raise ValueError(f"replay.insert needs the step that sampled the responses (>= 0), got {int(step)}")
     qids, tokens = jnp.asarray(qids, jnp.int32), jnp.asarray(tokens, jnp.int32)
     correct, valid = jnp.asarray(correct, bool), jnp.asarray(valid, bool)
     lengths = jnp.minimum(jnp.asarray(lengths, jnp.int32), buffer.correct.tokens.shape[2])

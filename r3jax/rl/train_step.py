@@ -53,7 +53,8 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     2. SERR: rank truncated failures of all-wrong groups by their entropy curves (§6)
     3. CCR: append stored opposite-correctness responses to all-wrong / all-correct groups (§4)
     4. advantages: Eq. 3 in mixed groups, Eq. 1 elsewhere
-    5. loss (Eq. 2) and gradients over micro-batches, one optimizer update
+    5. loss (Eq. 2) and gradients over micro-batches, one optimizer update (skipped, params and
+       optimizer state kept, when the loss or the gradient norm is not finite)
     6. write the step's on-policy responses and their counts into the buffer (Algorithm 1, line 11)
     """
     _check_shapes(cfg, state, batch)
@@ -67,8 +68,8 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv)
     micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg)
     loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    grad_norm = loss.grad_norm(grads)
+    params, opt_state, skipped = finite_update(tx, state, grads, jnp.isfinite(loss_value) & jnp.isfinite(grad_norm))
     buffer = store_responses(cfg, state.buffer, batch, valid, state.step)          # 6
 
     zero_before = advantages.zero_advantage_groups(  # Eq. 1 on the rewards before SERR and CCR
@@ -78,9 +79,19 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     mismatch = policy.pop("_mismatch_per_token") / jnp.maximum(policy.pop("_on_policy_per_token"), 1e-30)
     out = {**metrics.rollout_metrics(batch, valid, scored, zero_before, zero_after,
                                      groups.valid[:, batch.tokens.shape[1]:].sum(axis=1)),
-           **policy, "policy/loss": loss_value, "policy/grad_norm": loss.grad_norm(grads),
-           "policy/logprob_mismatch": mismatch}
+           **policy, "policy/loss": loss_value, "policy/grad_norm": grad_norm,
+           "policy/logprob_mismatch": mismatch, "policy/skipped": skipped}
     return dataclasses.replace(state, params=params, opt_state=opt_state, buffer=buffer, step=state.step + 1), out
+
+
+def finite_update(tx: optax.GradientTransformation, state: TrainState, grads, finite):
+    """(params, opt_state, skipped): the optimizer's update, or the state's own params and optimizer
+    state when `finite` is False (a NaN/inf loss or gradient must not poison Adam's moments)."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    return (jax.tree.map(keep, params, state.params), jax.tree.map(keep, opt_state, state.opt_state),
+            1.0 - finite.astype(jnp.float32))
 
 
 def _check_shapes(cfg: RLConfig, state: TrainState, batch) -> None:
@@ -121,8 +132,10 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups
     t = batch.tokens.shape[2]
     rep_tokens = jnp.pad(rep.tokens, ((0, 0), (0, 0), (0, max(0, t - rep.tokens.shape[2]))))[:, :, :t]
     rep_mask = (jnp.arange(t) < rep.lengths[..., None]) & rep.valid[..., None]
-    rep_rewards = jnp.where(rep.valid, r3_reward.r3_reward(rep.correct, rep.lengths, cfg.max_length_reward,
-                                                           xp=jnp), 0.0)
+    rep_rewards = r3_reward.r3_reward(rep.correct, rep.lengths, cfg.max_length_reward, xp=jnp)
+    if cfg.overlong_buffer:  # the same shaping as the on-policy rewards they are compared with
+        rep_rewards = rep_rewards + dapo.overlong_penalty(rep.lengths, cfg.max_response_tokens, cfg.overlong_buffer)
+    rep_rewards = jnp.where(rep.valid, rep_rewards, 0.0)
     return Groups(tokens=jnp.concatenate([batch.tokens, rep_tokens], axis=1),
                   mask=jnp.concatenate([batch.mask & valid[..., None], rep_mask], axis=1),
                   rewards=jnp.concatenate([rewards, rep_rewards], axis=1),
@@ -131,9 +144,11 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups
 
 def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv) -> rl_batch.Sequences:
     """The loss's rows: [prompt | response] for every on-policy and replayed response, with the sampler's
-    log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass)."""
-    tokens, attention, response = rl_batch.to_sequences(batch.prompt_tokens, batch.prompt_mask, groups.tokens,
-                                                        groups.mask)
+    log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass). Prompts are
+    left-aligned here too: a hand-built batch with right-padded prompts would put padding between
+    prompt and response, and the loss would look fine while its gradients are wrong."""
+    prompt_tokens, prompt_mask = rl_batch.left_align(batch.prompt_tokens, batch.prompt_mask)
+    tokens, attention, response = rl_batch.to_sequences(prompt_tokens, prompt_mask, groups.tokens, groups.mask)
     p, m = groups.tokens.shape[:2]
     g, tp = batch.tokens.shape[1], batch.prompt_tokens.shape[1]
     on_policy = response & (jnp.arange(m) < g)[None, :].repeat(p, axis=0).reshape(-1, 1)
