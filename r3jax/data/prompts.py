@@ -161,3 +161,12 @@ def _pad_id(tokenizer) -> int:
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an EOS token; pass pad_id")
     return pad_id
+
+
+def decode_responses(tokenizer, tokens, lengths, truncated) -> list[str]:
+    """Response texts of sampled rows: each row's first `lengths[b]` tokens without its end token (the
+    last one, unless the row was truncated). Special tokens are kept (`</think>` must reach the grader)."""
+    tokens, lengths, truncated = np.asarray(tokens), np.asarray(lengths), np.asarray(truncated)
+    cut = np.where(truncated, lengths, np.maximum(lengths - 1, 0))
+    return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, cut, strict=True)],
+                                  skip_special_tokens=False)

@@ -1,0 +1,1 @@
+"""The training program's library: settings, the loop, checkpoints, logging, plots (`train.py` wires them)."""

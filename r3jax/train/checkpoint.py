@@ -1,0 +1,58 @@
+"""Checkpoints of a run: Orbax's `CheckpointManager`, asynchronous and atomic, the last N kept.
+
+A checkpoint at step s holds everything the loop needs to continue exactly as if it had not stopped:
+
+- `state`: the whole `TrainState` (params, optimizer state, the R³ buffer, step, RNG key), saved with its
+  shardings and restored into the same placement;
+- `loop`: JSON: the question iterator's state after step s's batch, the loop's own counters (skipped updates
+  in a row, ...), and the run's config (checked against the resuming command's: shapes must match).
+
+Orbax writes into a temporary folder and renames it when complete, so a run killed mid-save leaves the
+previous checkpoint as the latest loadable one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """`save(step, state, loop)`, `latest_step()`, `restore(step, abstract_state) -> (state, loop)`."""
+
+    def __init__(self, directory: str | os.PathLike, *, keep: int, async_save: bool = True):
+        self.directory = os.path.abspath(os.fspath(directory))  # Orbax refuses relative paths
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "loop"))
+
+    def save(self, step: int, state, loop: dict) -> None:
+        """Starts saving (returns before the write ends when asynchronous); the arrays are copied first, so
+        the caller may donate `state` to the next step at once."""
+        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                         loop=ocp.args.JsonSave(loop)))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def read_loop(self, step: int) -> dict:
+        """The JSON part of a checkpoint alone (config and counters), without reading any array."""
+        return self._manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+
+    def restore(self, step: int, like):
+        """(state, loop) of checkpoint `step`; `like` is a state (or its abstract tree) with the target
+        shardings: each array is read straight into its shards."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                  loop=ocp.args.JsonRestore()))
+        return out["state"], out["loop"]
+
+    def wait(self) -> None:
+        """Blocks until every started save is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()

@@ -1,0 +1,174 @@
+"""A training run's settings: one `ml_collections.ConfigDict`, checked before anything compiles.
+
+Config files (`configs/*.py`) start from `base_config()` and set what their experiment needs; the command line
+overrides any field (`--config.rl.learning_rate=1e-5`). Fields of `rl` and `rl.r3` are placeholders (None =
+the algorithm's own default), so that `--config.algorithm=grpo` keeps GRPO's clip range unless one is given.
+
+One source of truth: the sampler's temperature, budget and vocabulary mask and the loss's (`RLConfig.temperature`,
+`max_response_tokens`, `valid_vocab`) are derived from the same top-level fields here; `rl` may not set them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+
+import ml_collections
+from ml_collections import config_dict
+
+from r3jax.rl import algorithm
+
+# RLConfig fields that come from top-level fields (one source of truth), not from `rl`.
+DERIVED_RL_FIELDS = {"algorithm": "algorithm", "temperature": "temperature", "max_response_tokens": "max_new_tokens",
+                     "valid_vocab": "(the tokenizer's size)"}
+# Fields whose change makes a checkpoint unusable (array shapes or what the arrays mean).
+SHAPE_FIELDS = ("algorithm", "model.path", "model.init", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
+                "data.train", "data.limit", "rl.r3.slots_correct", "rl.r3.slots_wrong", "rl.r3.max_reflection_prompts",
+                "rl.r3.reflection_attempt_tokens", "rl.oversample", "mesh.data", "mesh.fsdp", "mesh.tensor")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the field."""
+
+
+def _placeholders(cls) -> ml_collections.ConfigDict:
+    hints = typing.get_type_hints(cls)
+    out = ml_collections.ConfigDict()
+    for f in dataclasses.fields(cls):
+        if f.name in DERIVED_RL_FIELDS:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            out[f.name] = _placeholders(hints[f.name])
+            continue
+        kind = next((t for t in (bool, int, float, str) if t == hints[f.name] or t in typing.get_args(hints[f.name])),
+                    None)
+        out[f.name] = config_dict.placeholder(kind)
+    return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every field a run reads, with defaults; config files change what their experiment needs."""
+    c = ml_collections.ConfigDict()
+    c.algorithm = "r3"
+    c.rl = _placeholders(algorithm.RLConfig)
+    c.model = ml_collections.ConfigDict(dict(
+        path=config_dict.placeholder(str),        # a Hugging Face folder (config.json + safetensors)
+        tokenizer=config_dict.placeholder(str),   # default: model.path
+        init=config_dict.placeholder(str),        # no path: random init of a preset (`tiny`) ...
+        init_overrides=ml_collections.ConfigDict(),  # ... with these ModelConfig fields changed
+        dtype="float32", compute_dtype=config_dict.placeholder(str), remat="none"))
+    c.data = ml_collections.ConfigDict(dict(
+        train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
+        eval=ml_collections.ConfigDict(), eval_limit=config_dict.placeholder(int)))
+    c.prompts_per_step = 8
+    c.samples_per_prompt = 4
+    c.max_new_tokens = 256
+    c.temperature = 1.0
+    c.top_p = 1.0
+    c.steps = 10
+    c.seed = 0
+    c.checkpoint_every = 10
+    c.eval_every = 0                              # 0: evaluate only at the end
+    c.keep_checkpoints = 2
+    c.eval = ml_collections.ConfigDict(dict(greedy=True, num_samples=1, temperature=0.6, top_p=0.95,
+                                            max_new_tokens=config_dict.placeholder(int), batch_size=64))
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.grading = ml_collections.ConfigDict(dict(timeout_s=3.0, workers=config_dict.placeholder(int)))
+    c.compilation_cache = "~/.cache/r3jax/xla"  # XLA's persistent cache: restarts skip compiling ("" = off)
+    c.wandb = ml_collections.ConfigDict(dict(project=config_dict.placeholder(str),
+                                             entity=config_dict.placeholder(str), name=config_dict.placeholder(str)))
+    return c
+
+
+def flat_keys(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    """Dotted names of every field, nested ones included (`rl.r3.replay`)."""
+    keys = []
+    for k, v in c.items():
+        name = f"{prefix}{k}"
+        keys.append(name)
+        if isinstance(v, ml_collections.ConfigDict):
+            keys.extend(flat_keys(v, name + "."))
+    return keys
+
+
+_OVERRIDE = re.compile(r"^--config\.([A-Za-z0-9_.]+)(?:=|$)")
+
+
+def check_overrides(argv: list[str], c: ml_collections.ConfigDict) -> None:
+    """Every `--config.a.b=value` on the command line names an existing field; the error lists close names."""
+    known = flat_keys(c)
+    for arg in argv:
+        m = _OVERRIDE.match(arg)
+        if m and m.group(1) not in known:
+            close = difflib.get_close_matches(m.group(1), known, n=4, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see `configs/` for the fields"
+            raise ConfigError(f"unknown config field {m.group(1)!r}{hint}")
+
+
+def get(c: ml_collections.ConfigDict, dotted: str):
+    for part in dotted.split("."):
+        c = c[part]
+    return c
+
+
+def _given(c: ml_collections.ConfigDict) -> dict:
+    """The fields of a placeholder section that were set (None = the algorithm's default)."""
+    out = {}
+    for k, v in c.items():
+        if isinstance(v, ml_collections.ConfigDict):
+            sub = _given(v)
+            if sub:
+                out[k] = sub
+        elif v is not None:
+            out[k] = v
+    return out
+
+
+def rl_config(c: ml_collections.ConfigDict, valid_vocab: int | None) -> algorithm.RLConfig:
+    """The RLConfig of a run: the algorithm's preset, the `rl` fields that were set, and the derived ones."""
+    overrides = _given(c.rl)
+    if "r3" in overrides:
+        overrides["r3"] = dataclasses.asdict(algorithm.R3Config()) | overrides["r3"]
+    try:
+        return algorithm.algorithm_config(c.algorithm, **overrides, temperature=c.temperature,
+                                          max_response_tokens=c.max_new_tokens, valid_vocab=valid_vocab)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+
+
+def check_values(c: ml_collections.ConfigDict) -> None:
+    """Settings that are wrong on their own (before any file is read)."""
+    positive = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "steps", "keep_checkpoints")
+    for name in positive:
+        if not isinstance(get(c, name), int) or get(c, name) < 1:
+            raise ConfigError(f"config field {name} must be a positive integer, got {get(c, name)!r}")
+    for name in ("checkpoint_every", "eval_every"):
+        if get(c, name) < 0:
+            raise ConfigError(f"config field {name} must be >= 0, got {get(c, name)!r}")
+    if not c.temperature > 0:
+        raise ConfigError(f"config field temperature must be > 0 for RL (log-probs of softmax(logits / T)), "
+                          f"got {c.temperature}")
+    if not 0 < c.top_p <= 1:
+        raise ConfigError(f"config field top_p must be in (0, 1], got {c.top_p}")
+    if c.model.path is None and c.model.init is None:
+        raise ConfigError("config field model.path is not set (a Hugging Face folder), nor model.init (a preset)")
+    if c.data.train is None:
+        raise ConfigError("config field data.train is not set (a problem file or a hub dataset id)")
+    if c.data.limit is not None and c.data.limit < 1:
+        raise ConfigError(f"config field data.limit must be >= 1 or None, got {c.data.limit}")
+
+
+def changed_shape_fields(saved: dict, c: ml_collections.ConfigDict) -> list[str]:
+    """SHAPE_FIELDS whose value differs between a checkpoint's config (a plain dict) and this one."""
+    now = c.to_dict()
+    changed = []
+    for name in SHAPE_FIELDS:
+        a, b = saved, now
+        for part in name.split("."):
+            a = a.get(part) if isinstance(a, dict) else None
+            b = b.get(part) if isinstance(b, dict) else None
+        if a != b:
+            changed.append(f"{name} (checkpoint: {a!r}, now: {b!r})")
+    return changed

@@ -1,0 +1,193 @@
+"""The R³ training loop (R3-SPEC §7): sample, grade, one jitted step; log, evaluate and checkpoint on schedule.
+
+Resume is exact: a step's randomness is `fold_in(key, step)` (sampling, reflection and the train step each
+their own stream), the question iterator's position and the loop's counters are checkpointed with the
+`TrainState`, and `metrics.jsonl` rows after the restored step are dropped. So a run killed at any moment
+(SIGKILL mid-step or mid-save) and rerun with the same command ends bitwise where an uninterrupted run ends.
+SIGTERM / SIGINT (a TPU preemption, Ctrl-C) finish the current step, save, and exit 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import signal
+import time
+
+import jax
+import numpy as np
+
+from r3jax import model as rm
+from r3jax import rewards
+from r3jax.data import iterator as data_iterator
+from r3jax.eval import benchmark
+from r3jax.rl import train_step
+from r3jax.train import checkpoint, logbook, plots, progress, rollouts
+from r3jax.train import config as run_config
+from r3jax.train.setup import Run, SetupError
+
+MAX_SKIPPED_IN_A_ROW = 3
+_COMPILES = {"count": 0}
+
+
+def _count_compiles(event: str, *_, **__) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES["count"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. updates that keep failing); the message says why and where it stopped."""
+
+
+class StopRequest:
+    """SIGTERM / SIGINT ask the loop to stop after the current step; a second one stops at once."""
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+
+@dataclasses.dataclass
+class LoopState:
+    """The loop's own counters, checkpointed beside the TrainState (JSON)."""
+
+    skipped_total: int = 0
+    skipped_in_a_row: int = 0
+    epoch: int = 0
+    recompiles: int = 0  # compilations while sampling or training after a process's first two steps
+
+
+def _keys(seed: int, step: int):
+    """Independent streams for step `step`: sampling, reflection and evaluation."""
+    base = jax.random.key(seed)
+    return tuple(jax.random.fold_in(jax.random.fold_in(base, stream), step) for stream in (1, 2, 3))
+
+
+def _checkpoint_payload(run: Run, it: data_iterator.QuestionIterator, loop: LoopState) -> dict:
+    return {"iterator": it.state.to_dict(), "loop": dataclasses.asdict(loop), "config": run.config.to_dict()}
+
+
+def _restore(run: Run, ckpt: checkpoint.Checkpointer, it, loop: LoopState) -> int:
+    """Loads the latest checkpoint into run.state / it / loop; returns its step (0 when there is none)."""
+    step = ckpt.latest_step()
+    if step is None:
+        return 0
+    saved = ckpt.read_loop(step)
+    changed = run_config.changed_shape_fields(saved["config"], run.config)
+    if changed:
+        raise SetupError(f"cannot resume from {ckpt.directory} (step {step}): the config changed fields that fix "
+                         f"the checkpoint's shapes: {'; '.join(changed)}. Use another --workdir, or the old values")
+    run.state, payload = ckpt.restore(step, run.state)
+    it.restore(data_iterator.IteratorState.from_dict(payload["iterator"]))
+    for k, v in payload["loop"].items():
+        setattr(loop, k, v)
+    return step
+
+
+def _evaluate(run: Run, grader, step: int) -> dict:
+    if not run.benchmarks:
+        return {}
+    model = rm.merge_params(run.graphdef, run.state.params)
+    return benchmark.evaluate(model, run.benchmarks, run.eval_settings, _keys(run.config.seed, step)[2],
+                              tokenizer=run.tokenizer, grader=grader, eos_ids=run.settings.eos_ids,
+                              valid_vocab=run.rl.valid_vocab)
+
+
+def _save_final(run: Run, workdir: pathlib.Path) -> None:
+    final = workdir / "final"
+    rm.save_pretrained(rm.merge_params(run.graphdef, run.state.params), final)
+    run.tokenizer.save_pretrained(final)
+
+
+def train(run: Run, workdir: str) -> int:
+    """Runs (or resumes) until `steps` optimizer updates; returns the process exit code."""
+    c, workdir = run.config, pathlib.Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    it = data_iterator.QuestionIterator(len(run.bank.problems), run.questions_per_step, seed=c.seed)
+    loop = LoopState()
+    ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=c.keep_checkpoints)
+    start = _restore(run, ckpt, it, loop)
+    (workdir / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str) + "\n")
+    book = logbook.Logbook(workdir, resume_step=start, wandb_config=c.wandb.to_dict(), run_config=c.to_dict())
+    stop = StopRequest()
+    stop.install()
+    grader = rewards.GradingPool(c.grading.workers, timeout_s=c.grading.timeout_s)
+    step_fn = None
+    bar = progress.TrainProgress(total=c.steps, done=start)
+    try:
+        for step in range(start + 1, c.steps + 1):
+            t0, compiled = time.perf_counter(), _COMPILES["count"]
+            qids, loop.epoch = next(it)
+            sample_key, reflection_key, _ = _keys(c.seed, step)
+            got = rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, loop.epoch,
+                                   cfg=run.rl, settings=run.settings, num_groups=c.prompts_per_step,
+                                   sample_key=sample_key, reflection_key=reflection_key, tokenizer=run.tokenizer,
+                                   grader=grader)
+            t1 = time.perf_counter()
+            if step_fn is None:
+                step_fn = train_step.make_train_step(run.graphdef, run.rl, run.tx, run.state, got.batch, run.mesh)
+            run.state, metrics = step_fn(run.state, got.batch)
+            metrics = jax.device_get(metrics)
+            t2 = time.perf_counter()
+            if step > start + 2:  # a process compiles its programs in its first two steps; later is a recompile
+                loop.recompiles += _COMPILES["count"] - compiled
+            loop.skipped_in_a_row = loop.skipped_in_a_row + 1 if metrics["policy/skipped"] else 0
+            loop.skipped_total += int(metrics["policy/skipped"])
+            evaluated = {}
+            if run.benchmarks and (step == c.steps or (c.eval_every and step % c.eval_every == 0)):
+                evaluated = _evaluate(run, grader, step)
+            t3 = time.perf_counter()
+            row = book.write(step, {
+                **metrics, **evaluated, "data/epoch": loop.epoch, "policy/skipped_steps": loop.skipped_total,
+                "compile/count": loop.recompiles,
+                "time/sample_s": got.sample_s, "time/grade_s": got.grade_s, "time/train_s": t2 - t1,
+                "time/eval_s": t3 - t2, "time/other_s": (time.perf_counter() - t0) - (t3 - t1) - got.sample_s
+                - got.grade_s, "tokens_per_s": got.generated_tokens / (time.perf_counter() - t0)})
+            bar.update(step, row)
+            if evaluated:
+                bar.print_eval(step, evaluated)
+                plots.draw(book.rows(), workdir / "plots")
+            if loop.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                raise TrainingError(f"{loop.skipped_in_a_row} updates in a row (up to step {step}) had a non-finite "
+                                    f"loss or gradient norm and were skipped; stopping. The last checkpoint is at "
+                                    f"step {ckpt.latest_step()}: lower rl.learning_rate or check the data")
+            if step == c.steps or (c.checkpoint_every and step % c.checkpoint_every == 0) or stop.signal:
+                ckpt.save(step, run.state, _checkpoint_payload(run, it, loop))
+            if stop.signal and step < c.steps:
+                ckpt.wait()
+                bar.close()
+                print(f"Stopped at step {step} of {c.steps} on {signal.Signals(stop.signal).name}; checkpoint "
+                      f"saved in {ckpt.directory}. Resume with the same command (same --workdir).", flush=True)
+                return 0
+        ckpt.wait()
+        bar.close()
+        if start < c.steps or not (workdir / "final").exists():
+            _save_final(run, workdir)
+        plots.draw(book.rows(), workdir / "plots")
+        print(f"Done: {c.steps} steps. Policy in {workdir / 'final'}, metrics in {book.path}.", flush=True)
+        return 0
+    finally:
+        bar.close()
+        grader.close()
+        book.close()
+        ckpt.close()
+
+
+def host_share(rows: list[dict]) -> float:
+    """The fraction of step time the device waits on the host (grading and everything else), over rows."""
+    total = sum(sum(r.get(k) or 0.0 for k in ("time/sample_s", "time/grade_s", "time/train_s", "time/other_s"))
+                for r in rows)
+    host = sum((r.get("time/grade_s") or 0.0) + (r.get("time/other_s") or 0.0) for r in rows)
+    return float(np.float64(host) / total) if total else 0.0

@@ -1,0 +1,143 @@
+"""The host side of one R³ iteration (R3-SPEC §7, steps 1-3): prompts in, a graded `RolloutBatch` out.
+
+The training questions are tokenized once at start-up into a `QuestionBank` of fixed widths: every step's
+prompts are rows of it, plus the reflection prompts ISR builds on device into the batch's fixed extra slots,
+so the sampler and the train step each compile once. Grading runs in the worker pool; rows of unused
+reflection slots are not graded (their groups are invalid).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from r3jax import rewards
+from r3jax.data import prompts
+from r3jax.rl import batch as rl_batch
+from r3jax.rl import dapo, reflection
+from r3jax.rl.algorithm import RLConfig
+from r3jax.sampling import generate
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionBank:
+    """Every training question, tokenized once: its chat prompt and its bare question (ISR's q)."""
+
+    problems: tuple
+    prompt_tokens: np.ndarray    # [Q, Tp] left-padded rendered prompts
+    prompt_mask: np.ndarray      # [Q, Tp]
+    question_tokens: np.ndarray  # [Q, Tq] `question_text` ids without template, left-padded
+    question_mask: np.ndarray    # [Q, Tq]
+    longest_prompt: int          # real tokens of the longest prompt
+
+
+def build_bank(tokenizer, problem_list, *, max_prompt_tokens: int | None = None) -> QuestionBank:
+    """Tokenizes every problem; a problem whose prompt is longer than the largest bucket is an error naming it."""
+    texts = [prompts.question_text(p.problem) for p in problem_list]
+    batch = prompts.tokenize_prompts(tokenizer, texts, max_length=max_prompt_tokens)
+    if batch.dropped:
+        first = problem_list[batch.dropped[0]]
+        raise ValueError(f"{len(batch.dropped)} training prompts are longer than {max_prompt_tokens or 1024} "
+                         f"tokens, e.g. question {first.uid} from {first.source}; shorten or filter them")
+    question_ids = [reflection.question_ids(tokenizer, p.problem) for p in problem_list]
+    width = max(len(q) for q in question_ids)
+    q_tokens = np.zeros((len(question_ids), width), np.int32)
+    q_mask = np.zeros((len(question_ids), width), bool)
+    for i, ids in enumerate(question_ids):
+        q_tokens[i, width - len(ids):], q_mask[i, width - len(ids):] = ids, True
+    return QuestionBank(problems=tuple(problem_list), prompt_tokens=batch.tokens, prompt_mask=batch.mask,
+                        question_tokens=q_tokens, question_mask=q_mask, longest_prompt=int(batch.lengths.max()))
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """What sampling needs besides the RL config; all static."""
+
+    num_samples: int             # G
+    max_new_tokens: int          # = RLConfig.max_response_tokens
+    temperature: float           # = RLConfig.temperature
+    top_p: float
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    valid_vocab: int | None      # = RLConfig.valid_vocab
+    reflection_prompts: int      # M fixed extra slots (0 without ISR)
+    reflection_width: int        # their prompt width
+    template: reflection.ReflectionTemplate | None
+
+
+def prompt_width(bank: QuestionBank, settings: RolloutSettings) -> int:
+    """The sampler's prompt width: plain prompts and reflection prompts share one padded width."""
+    return max(bank.prompt_tokens.shape[1], settings.reflection_width if settings.reflection_prompts else 0)
+
+
+def _left_pad(tokens, mask, width: int, pad_id: int):
+    extra = width - tokens.shape[1]
+    return (np.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad_id), np.pad(mask, ((0, 0), (extra, 0))))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "settings"))
+def _reflection_batch(buffer, qids, question_tokens, question_mask, epoch, key, *, cfg: RLConfig,
+                      settings: RolloutSettings):
+    return reflection.reflection_prompts(
+        buffer, qids, question_tokens, question_mask, epoch, key, template=settings.template, tau=cfg.r3.tau,
+        start_epoch=cfg.r3.reflection_start_epoch, max_prompts=settings.reflection_prompts,
+        attempt_tokens=cfg.r3.reflection_attempt_tokens, width=settings.reflection_width, pad_id=settings.pad_id,
+        end_ids=settings.eos_ids)
+
+
+@dataclasses.dataclass
+class StepRollouts:
+    batch: rl_batch.RolloutBatch
+    texts: list[str]
+    sample_s: float
+    grade_s: float
+    generated_tokens: int
+
+
+def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoch: int, *, cfg: RLConfig,
+            settings: RolloutSettings, num_groups: int, sample_key, reflection_key, tokenizer,
+            grader: rewards.GradingPool) -> StepRollouts:
+    """Steps 1-3 of one iteration: prompts (plain + reflection slots), G samples each, grades, one batch.
+
+    `qids` may hold more questions than `num_groups` (DAPO's over-sampling); `dapo.filter_groups` then keeps
+    `num_groups` plain groups."""
+    start = time.perf_counter()
+    width = prompt_width(bank, settings)
+    tokens, mask = _left_pad(bank.prompt_tokens[qids], bank.prompt_mask[qids], width, settings.pad_id)
+    all_qids, group_valid = qids, np.ones(len(qids), bool)
+    is_reflection = np.zeros(len(qids), bool)
+    if settings.reflection_prompts:
+        refl = _reflection_batch(buffer, jnp.asarray(qids), bank.question_tokens[qids], bank.question_mask[qids],
+                                 epoch, reflection_key, cfg=cfg, settings=settings)
+        r_tokens, r_mask = _left_pad(np.asarray(refl.tokens), np.asarray(refl.mask), width, settings.pad_id)
+        tokens, mask = np.concatenate([tokens, r_tokens]), np.concatenate([mask, r_mask])
+        all_qids = np.concatenate([qids, np.asarray(refl.qids)])
+        group_valid = np.concatenate([group_valid, np.asarray(refl.valid)])
+        is_reflection = np.concatenate([is_reflection, np.ones(settings.reflection_prompts, bool)])
+    rollout = generate((graphdef, params), tokens, mask, sample_key, max_new_tokens=settings.max_new_tokens,
+                       temperature=settings.temperature, top_p=settings.top_p, eos_ids=settings.eos_ids,
+                       num_samples=settings.num_samples, valid_vocab=settings.valid_vocab, pad_id=settings.pad_id)
+    host = jax.device_get(rollout)
+    sampled = time.perf_counter()
+
+    g = settings.num_samples
+    rows = np.repeat(group_valid, g)                                   # rows of unused slots are not graded
+    texts = prompts.decode_responses(tokenizer, host.tokens[rows], host.lengths[rows], host.truncated[rows])
+    answers = [bank.problems[q].answers for q in np.repeat(all_qids, g)[rows]]
+    graded = rewards.grade_batch(texts, answers, num_tokens=host.lengths[rows], grader=grader,
+                                 max_length=cfg.max_length_reward)
+    correct, reward = np.zeros(len(rows), bool), np.zeros(len(rows), np.float32)
+    correct[rows] = [r.correct for r in graded]
+    reward[rows] = [r.reward for r in graded]
+    batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens, prompt_mask=mask,
+                                  correct=correct, rewards=reward, group_valid=group_valid,
+                                  is_reflection=is_reflection)
+    if cfg.dynamic_sampling:
+        batch = dapo.filter_groups(batch, num_groups)
+    return StepRollouts(batch=batch, texts=texts, sample_s=sampled - start, grade_s=time.perf_counter() - sampled,
+                        generated_tokens=int(host.lengths[rows].sum()))

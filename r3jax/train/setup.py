@@ -1,0 +1,191 @@
+"""Everything a run needs before its first compile, checked: config, tokenizer, data, model, mesh.
+
+`prepare` reads and validates in an order that fails fast and names the culprit (a field, a file, a row):
+settings first, then files, then shapes (P·G against the mesh, prompt + response against the model's
+positions), and only then the model's weights. Every error here is a `SetupError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from r3jax import model as rm
+from r3jax.data import problems as data_problems
+from r3jax.data import prompts
+from r3jax.eval import benchmark
+from r3jax.model import sharding, weights
+from r3jax.rl import reflection, train_step
+from r3jax.rl.algorithm import RLConfig
+from r3jax.train import config as run_config
+from r3jax.train import rollouts
+
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+class SetupError(ValueError):
+    """A run that cannot start; the message names the field, file or row."""
+
+
+@dataclasses.dataclass
+class Run:
+    config: ml_collections.ConfigDict
+    rl: RLConfig
+    mesh: jax.sharding.Mesh
+    tokenizer: object
+    model_config: rm.ModelConfig
+    graphdef: object
+    state: train_step.TrainState
+    tx: object
+    bank: rollouts.QuestionBank
+    settings: rollouts.RolloutSettings
+    benchmarks: list
+    eval_settings: benchmark.EvalSettings
+    questions_per_step: int      # P, or P * oversample with DAPO's dynamic sampling
+
+
+def _exists(path, field: str, kind: str = "file or folder") -> None:
+    if path is not None and not os.path.exists(path):
+        raise SetupError(f"{field}: {kind} {path!r} does not exist")
+
+
+def _load_problems(path: str, field: str, limit: int | None):
+    try:
+        loaded = data_problems.load_problems(path, on_error="skip")
+    except (data_problems.DataError, OSError, ValueError) as e:
+        raise SetupError(f"{field}: {e}") from e
+    chosen = list(loaded)[:limit]
+    if not chosen:
+        raise SetupError(f"{field}: {path} has no usable problems ({loaded.report.summary()})")
+    return chosen
+
+
+def _mesh(c) -> jax.sharding.Mesh:
+    try:
+        return sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+    except ValueError as e:
+        raise SetupError(f"mesh.data/fsdp/tensor: {e}") from e
+
+
+def _check_batch_fits(c, mesh, groups: int) -> None:
+    """Groups and rows are split along the mesh's batch axes (data x fsdp): both must divide evenly."""
+    devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = groups * c.samples_per_prompt
+    if groups % devices or rows % devices:
+        raise SetupError(f"prompts_per_step: {groups} groups (P = {c.prompts_per_step} plus reflection slots) x "
+                         f"samples_per_prompt G = {c.samples_per_prompt} = {rows} rows must split evenly over the "
+                         f"{devices} devices of the mesh's data x fsdp axes")
+
+
+def _model_config(c, tokenizer) -> rm.ModelConfig:
+    if c.model.path is not None:
+        try:
+            return rm.ModelConfig.from_json_file(os.path.join(weights.resolve_folder(c.model.path), "config.json"))
+        except (rm.CheckpointError, rm.ConfigError, OSError, ValueError) as e:
+            raise SetupError(f"model.path: {e}") from e
+    presets = {"tiny": rm.tiny, "tiny_tied": rm.tiny_tied, "small_100m": rm.small_100m,
+               "deepseek_r1_distill_qwen_1p5b": rm.deepseek_r1_distill_qwen_1p5b}
+    if c.model.init not in presets:
+        raise SetupError(f"model.init: unknown preset {c.model.init!r}; one of {sorted(presets)}")
+    vocab = -(-len(tokenizer) // 8) * 8
+    overrides = {"vocab_size": vocab, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
+                 **c.model.init_overrides.to_dict()}
+    try:
+        return presets[c.model.init](**overrides)
+    except (TypeError, ValueError) as e:
+        raise SetupError(f"model.init_overrides: {e}") from e
+
+
+def prepare(c: ml_collections.ConfigDict) -> Run:
+    """Validates the config and loads everything; raises SetupError before any compilation."""
+    try:
+        run_config.check_values(c)
+    except run_config.ConfigError as e:
+        raise SetupError(str(e)) from e
+    if c.compilation_cache and not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(c.compilation_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    if c.model.path is not None and not _HUB_ID.fullmatch(c.model.path):
+        _exists(c.model.path, "model.path", "model folder")  # else a hub id, fetched when the hub is reachable
+    tokenizer_path = c.model.tokenizer or c.model.path
+    _exists(tokenizer_path, "model.tokenizer", "tokenizer folder")
+    if not _HUB_ID.fullmatch(c.data.train) or c.data.train.endswith((".json", ".jsonl", ".parquet")):
+        _exists(c.data.train, "data.train", "problem file")  # else a hub id such as owner/name
+    for name, path in c.data.eval.items():
+        _exists(path, f"data.eval.{name}", "problem file")
+    try:
+        tokenizer = prompts.load_tokenizer(tokenizer_path)
+    except prompts.TokenizerError as e:
+        raise SetupError(f"model.tokenizer: {e}") from e
+    try:
+        rl = run_config.rl_config(c, valid_vocab=len(tokenizer))
+    except run_config.ConfigError as e:
+        raise SetupError(str(e)) from e
+    train = _load_problems(c.data.train, "data.train", c.data.limit)
+    questions = int(np.ceil(c.prompts_per_step * rl.oversample)) if rl.dynamic_sampling else c.prompts_per_step
+    if questions > len(train):
+        raise SetupError(f"prompts_per_step: {questions} questions per step but data.train has {len(train)} usable "
+                         "problems (data.limit included)")
+    bank = rollouts.build_bank(tokenizer, train)
+    model_config = _model_config(c, tokenizer)
+    settings = _rollout_settings(c, rl, tokenizer, bank)
+    longest = max(bank.longest_prompt, settings.reflection_width if settings.reflection_prompts else 0)
+    if longest + c.max_new_tokens > model_config.max_position_embeddings:
+        raise SetupError(f"max_new_tokens: the longest prompt ({longest} tokens) + max_new_tokens "
+                         f"({c.max_new_tokens}) exceeds the model's max_position_embeddings "
+                         f"({model_config.max_position_embeddings})")
+    if model_config.vocab_size < len(tokenizer):
+        raise SetupError(f"model: vocab_size {model_config.vocab_size} is smaller than the tokenizer's "
+                         f"{len(tokenizer)} ids")
+    mesh = _mesh(c)
+    groups = (c.prompts_per_step if rl.dynamic_sampling else questions) + settings.reflection_prompts
+    _check_batch_fits(c, mesh, groups)
+    benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
+    graphdef, params = rm.split_params(_load_model(c, model_config, mesh))
+    tx = train_step.optimizer(rl)
+    state = train_step.init_train_state(params, rl, tx, num_questions=len(train), seed=c.seed, mesh=mesh)
+    eval_settings = benchmark.EvalSettings(
+        max_new_tokens=c.eval.max_new_tokens or c.max_new_tokens, num_samples=c.eval.num_samples,
+        temperature=0.0 if c.eval.greedy else c.eval.temperature, top_p=1.0 if c.eval.greedy else c.eval.top_p,
+        batch_size=c.eval.batch_size)
+    return Run(config=c, rl=rl, mesh=mesh, tokenizer=tokenizer, model_config=model_config, graphdef=graphdef,
+               state=state, tx=tx, bank=bank, settings=settings, benchmarks=benchmarks, eval_settings=eval_settings,
+               questions_per_step=questions)
+
+
+def _rollout_settings(c, rl: RLConfig, tokenizer, bank) -> rollouts.RolloutSettings:
+    template, width, slots = None, 0, 0
+    if rl.uses_reflection and rl.r3.max_reflection_prompts:
+        template = reflection.make_template(tokenizer, rl.r3.reflection_instruction)
+        slots = rl.r3.max_reflection_prompts
+        width = reflection.required_width(template, bank.question_tokens.shape[1], rl.r3.reflection_attempt_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return rollouts.RolloutSettings(
+        num_samples=c.samples_per_prompt, max_new_tokens=rl.max_response_tokens, temperature=rl.temperature,
+        top_p=c.top_p, eos_ids=(tokenizer.eos_token_id,), pad_id=pad_id, valid_vocab=rl.valid_vocab,
+        reflection_prompts=slots, reflection_width=width, template=template)
+
+
+def _load_benchmark(name, path, tokenizer, c):
+    try:
+        return benchmark.load_benchmark(name, path, tokenizer, limit=c.data.eval_limit)
+    except (data_problems.DataError, OSError, ValueError) as e:
+        raise SetupError(f"data.eval.{name}: {e}") from e
+
+
+def _load_model(c, model_config, mesh):
+    kw = dict(dtype=jnp.dtype(c.model.dtype), compute_dtype=c.model.compute_dtype, mesh=mesh, remat=c.model.remat)
+    if c.model.path is not None:
+        try:
+            return rm.load_pretrained(c.model.path, **kw)[0]
+        except (rm.CheckpointError, rm.ConfigError, OSError) as e:
+            raise SetupError(f"model.path: {e}") from e
+    dtype = kw.pop("dtype")
+    return rm.init_model(model_config, seed=c.seed, param_dtype=dtype,
+                         dtype=jnp.dtype(kw.pop("compute_dtype") or dtype), **kw)

@@ -1,0 +1,214 @@
+"""`python train.py` end to end on configs/tiny.py: outputs, exact resume after real kills, signals, bad input.
+
+Every run is a real subprocess. They share one XLA compilation cache (a process after the first compiles
+nothing), and the uninterrupted reference run is made once per module.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny.py")]
+TIMING_KEYS = ("time/", "tokens_per_s")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("xla_cache")
+    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def train(env, workdir, *overrides, timeout=900):
+    return subprocess.run([*TRAIN, "--workdir", str(workdir), *overrides], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start(env, workdir, *overrides):
+    """A background run whose output goes to a file beside the workdir (a pipe nobody reads could fill)."""
+    log = open(pathlib.Path(workdir).with_suffix(".log"), "w+")  # noqa: SIM115  (closed with the process)
+    proc = subprocess.Popen([*TRAIN, "--workdir", str(workdir), *overrides], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
+    proc.log = log
+    return proc
+
+
+def output(proc):
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def rows(workdir):
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_rows(workdir, n, proc, timeout=600):
+    deadline = time.monotonic() + timeout
+    while len(rows(workdir)) < n:
+        assert proc.poll() is None, output(proc)
+        assert time.monotonic() < deadline, f"no row {n} after {timeout} s"
+        time.sleep(0.05)
+
+
+def without_timings(table):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in table]
+
+
+def final_params(workdir):
+    from safetensors.numpy import load_file
+
+    return load_file(str(pathlib.Path(workdir) / "final" / "model.safetensors"))
+
+
+def assert_same_run(got, want):
+    assert without_timings(rows(got)) == without_timings(rows(want))
+    a, b = final_params(got), final_params(want)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name  # bitwise
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("reference")
+    done = train(env, workdir)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return workdir
+
+
+def test_outputs_hold_the_logged_values(reference):
+    table = rows(reference)
+    assert [r["step"] for r in table] == [1, 2, 3, 4, 5, 6]
+    for key in ("reward/mean", "groups/solve_none_frac", "r3/zero_adv_frac_before", "r3/zero_adv_frac_after",
+                "policy/loss", "policy/grad_norm", "policy/logprob_mismatch", "policy/skipped_steps",
+                "compile/count", "time/sample_s", "time/grade_s", "time/train_s", "time/other_s", "tokens_per_s",
+                "rollout/entropy_mean"):
+        assert all(key in r for r in table), key
+    assert [r["compile/count"] for r in table] == [0] * 6  # no recompilation after step 2
+    assert "eval/arith/pass@1" in table[2] and "eval/arith/pass@1" in table[5]
+    assert [r["data/epoch"] for r in table] == [0, 0, 0, 0, 1, 1]  # 16 questions, 4 per step
+    assert max(r["r3/isr_prompts"] for r in table[4:]) >= 0  # ISR slots exist from epoch 2 on
+    logged = tensorboard_scalars(reference / "tb")
+    assert logged["reward/mean"] == [(r["step"], pytest.approx(r["reward/mean"])) for r in table]
+    for name in ("reward", "groups", "zero_advantage", "entropy", "length", "eval", "fig4"):
+        png = reference / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
+
+
+def tensorboard_scalars(folder):
+    """tag -> [(step, value)] from the TFRecord event files (length, crc, event proto, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    out = {}
+    for file in sorted(pathlib.Path(folder).glob("events.out.tfevents.*")):
+        data = file.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
+
+
+def test_final_model_reloads_in_transformers_with_the_same_logits(reference):
+    import torch
+    import transformers
+
+    from r3jax import model as rm
+
+    folder = reference / "final"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer("What is 3 + 4? <think>", add_special_tokens=False)["input_ids"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits.numpy()
+    ours, _ = rm.load_pretrained(folder)
+    got = np.asarray(ours(np.array([ids]), attention_mask=np.ones((1, len(ids)), bool)))
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("kill_after_rows", [4, 5], ids=["at_epoch_end_mid_save", "mid_step"])
+def test_resume_after_sigkill_is_bitwise_identical(env, reference, tmp_path, kill_after_rows):
+    """Killed with SIGKILL right after step 4's row (the epoch's last step, its checkpoint being written) or
+    during step 6 (checkpoint 4 complete), then rerun: the same params, bit for bit, and the same rows."""
+    workdir = tmp_path / "run"
+    proc = start(env, workdir)
+    wait_for_rows(workdir, kill_after_rows, proc)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done = train(env, workdir)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert_same_run(workdir, reference)
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_zero(env, reference, tmp_path):
+    workdir = tmp_path / "run"
+    proc = start(env, workdir)
+    wait_for_rows(workdir, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=600)
+    assert proc.returncode == 0, output(proc)
+    assert "Resume with the same command" in output(proc)
+    stopped = len(rows(workdir))
+    assert stopped < 6 and (workdir / "checkpoints" / str(stopped)).is_dir()
+    done = train(env, workdir)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert_same_run(workdir, reference)
+
+
+def test_resume_refuses_a_changed_shape_and_allows_a_new_learning_rate(env, reference, tmp_path):
+    import shutil
+
+    shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
+    refused = train(env, tmp_path, "--config.samples_per_prompt=2", "--config.steps=8")
+    assert refused.returncode == 2
+    assert "samples_per_prompt" in refused.stderr and "checkpoint: 4, now: 2" in refused.stderr
+    allowed = train(env, tmp_path, "--config.rl.learning_rate=1e-4", "--config.steps=7")
+    assert allowed.returncode == 0, allowed.stderr + allowed.stdout
+    assert [r["step"] for r in rows(tmp_path)] == list(range(1, 8))
+
+
+def test_three_non_finite_updates_in_a_row_stop_the_run(env, tmp_path):
+    done = train(env, tmp_path, "--config.rl.learning_rate=1e30", "--config.rl.max_grad_norm=1e30")
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert "3 updates in a row" in done.stderr and "non-finite" in done.stderr
+    table = rows(tmp_path)
+    assert [r["policy/skipped"] for r in table[-3:]] == [1.0, 1.0, 1.0]
+    assert table[-1]["policy/skipped_steps"] == 3
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--config.rl.learnin_rate=1e-5"], "unknown config field 'rl.learnin_rate'; did you mean rl.learning_rate"),
+    (["--config.model.path=/no/such/model"], "model.path: model folder '/no/such/model' does not exist"),
+    (["--config.data.train=/no/such/train.jsonl"], "data.train: problem file '/no/such/train.jsonl' does not exist"),
+    (["--config.prompts_per_step=3"], "must split evenly over the 8 devices"),
+    (["--config.max_new_tokens=1000"], "exceeds the model's max_position_embeddings (1024)"),
+    (["--config.temperature=0"], "temperature must be > 0"),
+], ids=["unknown_field", "model", "data", "mesh", "positions", "temperature"])
+def test_bad_input_is_one_clear_message_and_exit_2(env, tmp_path, overrides, message):
+    done = train(env, tmp_path / "run", *overrides, timeout=120)
+    assert done.returncode == 2, done.stderr + done.stdout
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before anything ran
+
+
+def test_a_dataset_without_usable_rows_is_refused(env, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_without_fields": 1}\n{"problem": "", "answer": ""}\n')
+    done = train(env, tmp_path / "run", f"--config.data.train={bad}", timeout=120)
+    assert done.returncode == 2, done.stderr + done.stdout
+    assert "data.train" in done.stderr and "no problems" in done.stderr and "row 0" in done.stderr
