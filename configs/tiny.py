@@ -39,6 +39,8 @@ def get_config():
     c.rl.chunk_size = 64
     c.rl.r3.max_reflection_prompts = 4
     c.rl.r3.reflection_attempt_tokens = 8
+    # a short ISR instruction keeps the byte-level reflection prompts (and the loss's rows) short
+    c.rl.r3.reflection_instruction = "Find the mistake in this wrong attempt, then solve it again in \\boxed{}."
     c.eval.batch_size = 8
     c.grading.timeout_s = 2.0
     c.grading.workers = 1

@@ -73,14 +73,14 @@ def _mesh(c) -> jax.sharding.Mesh:
         raise SetupError(f"mesh.data/fsdp/tensor: {e}") from e
 
 
-def _check_batch_fits(c, mesh, groups: int) -> None:
-    """Groups and rows are split along the mesh's batch axes (data x fsdp): both must divide evenly."""
+def _check_batch_fits(c, mesh, groups: int, what: str) -> None:
+    """The sampler's and the loss's rows (P·G) are split along the mesh's batch axes (data x fsdp)."""
     devices = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = groups * c.samples_per_prompt
-    if groups % devices or rows % devices:
-        raise SetupError(f"prompts_per_step: {groups} groups (P = {c.prompts_per_step} plus reflection slots) x "
-                         f"samples_per_prompt G = {c.samples_per_prompt} = {rows} rows must split evenly over the "
-                         f"{devices} devices of the mesh's data x fsdp axes")
+    if rows % devices:
+        raise SetupError(f"prompts_per_step: {what} = {groups} groups x samples_per_prompt G = "
+                         f"{c.samples_per_prompt} = {rows} rows must split evenly over the {devices} devices of the "
+                         f"mesh's data x fsdp axes")
 
 
 def _model_config(c, tokenizer) -> rm.ModelConfig:
@@ -144,8 +144,10 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         raise SetupError(f"model: vocab_size {model_config.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} ids")
     mesh = _mesh(c)
-    groups = (c.prompts_per_step if rl.dynamic_sampling else questions) + settings.reflection_prompts
-    _check_batch_fits(c, mesh, groups)
+    slots = settings.reflection_prompts
+    _check_batch_fits(c, mesh, questions + slots, f"P = {questions} sampled questions + {slots} reflection slots")
+    if rl.dynamic_sampling:
+        _check_batch_fits(c, mesh, c.prompts_per_step, f"P = {c.prompts_per_step} groups kept by dynamic sampling")
     benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
     graphdef, params = rm.split_params(_load_model(c, model_config, mesh))
     tx = train_step.optimizer(rl)
