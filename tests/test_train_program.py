@@ -227,3 +227,21 @@ def test_the_baselines_run_through_the_same_loop(env, tmp_path, algorithm):
     assert [r["step"] for r in table] == [1, 2]
     assert all(r["r3/isr_prompts"] == 0 and r["r3/ccr_appended"] == 0 for r in table)
     assert (tmp_path / "final" / "model.safetensors").exists()
+
+
+def test_eval_py_on_the_workdir_gives_train_py_s_numbers(env, reference, tmp_path):
+    """configs/tiny.py evaluates greedily, 16 tokens, the first 8 questions, batches of 8, eval seed 0."""
+    done = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", str(reference), "--data",
+                           str(REPO / "configs" / "tiny" / "eval.jsonl"), "--num_samples", "1", "--temperature", "0",
+                           "--max_new_tokens", "16", "--limit", "8", "--batch_size", "8", "--output",
+                           str(tmp_path / "eval")], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["model"] == {"path": str(reference), "kind": "train_workdir", "step": 6}
+    got = results["benchmarks"]["eval"]
+    logged = rows(reference)[-1]
+    for key in ("pass@1", "mean_response_tokens", "truncation_rate"):
+        assert got[key] == logged[f"eval/arith/{key}"], key
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "benchmark"}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    assert strip(tmp_path / "eval" / "samples.jsonl") == strip(reference / "eval" / "step_6.jsonl")

@@ -1,14 +1,18 @@
-"""Sampling and grading a held-out problem set in fixed-shape batches.
+"""Sampling and grading a held-out problem set: bucketed fixed-shape batches, grading overlapped with sampling.
 
-A benchmark's prompts are tokenized once into one left-padded bucket width; batches of `batch_size` prompts
-(the last one filled with repeats of its first row, whose samples are dropped) give one compiled sampler per
-(batch size, bucket), not one per question. Scores are pass@1 averaged over every sample of every question,
-the mean response length in tokens and the truncation rate.
+Questions are ordered by prompt-length bucket (128, 256, 512, 1024 tokens) and cut into batches of
+`batch_size` questions (the last batch of a bucket is filled with repeats of its first question, whose samples
+are dropped), so a whole benchmark compiles one sampler per bucket. The plan depends only on the benchmark and
+the batch size, and batch b samples with `fold_in(key, b)`: a batch gives the same samples whether it runs
+first, last or alone, which is what makes an interrupted evaluation resumable to the same result. While the
+device samples batch b + 1, the host grades batch b.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import zlib
+from collections.abc import Callable, Iterable
 
 import jax
 import numpy as np
@@ -16,68 +20,152 @@ import numpy as np
 from r3jax import rewards
 from r3jax.data import problems as data_problems
 from r3jax.data import prompts
+from r3jax.eval import passk
 from r3jax.sampling import generate
 
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
     name: str
-    problems: tuple                # Problem records, in row order
-    tokens: np.ndarray             # [N, W] int32 left-padded prompts
-    mask: np.ndarray               # [N, W] bool
+    problems: tuple                      # Problem records, in file order (limit applied)
+    prompt_ids: tuple[tuple[int, ...]]   # each question's rendered prompt ids
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     max_new_tokens: int
     num_samples: int = 1
-    temperature: float = 0.0       # 0: greedy
+    temperature: float = 0.0             # 0: greedy
     top_p: float = 1.0
-    batch_size: int = 64
+    batch_size: int = 64                 # questions per sampler call (rows = batch_size * num_samples)
+    seed: int = 0
 
 
-def load_benchmark(name: str, path: str, tokenizer, *, limit: int | None = None,
-                   max_prompt_tokens: int | None = None) -> Benchmark:
-    """A problem file, its first `limit` questions, tokenized once. Raises DataError when nothing is usable."""
-    problem_set = data_problems.load_problems(path, on_error="skip")
-    chosen = list(problem_set)[:limit]
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    ordinal: int                         # position in the plan: its random stream
+    questions: tuple[int, ...]           # indices into Benchmark.problems
+    width: int                           # prompt bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One graded sample: what samples.jsonl stores per row."""
+
+    question: int
+    index: int
+    text: str
+    tokens: int
+    truncated: bool
+    correct: bool
+    reason: str
+
+
+def load_benchmark(name: str, path: str, tokenizer, *, limit: int | None = None) -> Benchmark:
+    """A problem file's first `limit` usable questions, tokenized once. Raises DataError when none is usable or a
+    prompt is longer than the largest bucket."""
+    chosen = list(data_problems.load_problems(path, on_error="skip"))[:limit]
     if not chosen:
         raise data_problems.DataError(f"evaluation set {name!r} ({path}) has no usable problems")
-    batch = prompts.tokenize_prompts(tokenizer, [prompts.question_text(p.problem) for p in chosen],
-                                     max_length=max_prompt_tokens)
-    return Benchmark(name=name, problems=tuple(chosen[i] for i in batch.kept), tokens=batch.tokens, mask=batch.mask)
+    ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.question_text(p.problem))) for p in chosen]
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    if len(ids[longest]) > max(prompts.DEFAULT_BUCKETS):
+        raise data_problems.DataError(f"evaluation set {name!r}: question {chosen[longest].uid} has a "
+                                      f"{len(ids[longest])}-token prompt, over {max(prompts.DEFAULT_BUCKETS)}")
+    return Benchmark(name=name, problems=tuple(chosen), prompt_ids=tuple(tuple(i) for i in ids))
 
 
-def sample(model, bench: Benchmark, settings: EvalSettings, key, *, eos_ids, valid_vocab=None):
-    """(tokens [N * n, T], lengths [N * n], truncated [N * n]) numpy, question-major: row i * n + j is sample j
-    of question i."""
-    n, size = settings.num_samples, settings.batch_size
-    outs = []
-    for start in range(0, len(bench.problems), size):
-        rows = np.arange(start, min(start + size, len(bench.problems)))
-        full = np.concatenate([rows, np.full(size - len(rows), rows[0])])  # one shape for every batch
-        rollout = generate(model, bench.tokens[full], bench.mask[full], jax.random.fold_in(key, start),
-                           max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                           top_p=settings.top_p, eos_ids=eos_ids, num_samples=n, valid_vocab=valid_vocab)
-        keep = len(rows) * n
-        outs.append(jax.device_get((rollout.tokens[:keep], rollout.lengths[:keep], rollout.truncated[:keep])))
-    return tuple(np.concatenate(parts) for parts in zip(*outs, strict=True))
+def plan(bench: Benchmark, batch_size: int) -> list[Batch]:
+    """Batches of up to `batch_size` questions of one bucket each, in bucket order, then question order."""
+    widths = [prompts.bucket_length(len(ids), prompts.DEFAULT_BUCKETS) for ids in bench.prompt_ids]
+    batches = []
+    for width in sorted(set(widths)):
+        members = [i for i, w in enumerate(widths) if w == width]
+        for start in range(0, len(members), batch_size):
+            batches.append(Batch(len(batches), tuple(members[start:start + batch_size]), width))
+    return batches
 
 
-def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, key, *, tokenizer, grader,
-             eos_ids, valid_vocab=None) -> dict[str, float]:
-    """`eval/{name}/pass@1`, `.../mean_response_tokens`, `.../truncation_rate` per benchmark, and the
-    unweighted average of pass@1 over benchmarks (`eval/avg/pass@1`, the paper's Avg column)."""
+def batch_prompts(bench: Benchmark, batch: Batch, batch_size: int, pad_id: int):
+    """[batch_size, width] left-padded prompt tokens and mask (filler rows repeat the batch's first question)."""
+    rows = list(batch.questions) + [batch.questions[0]] * (batch_size - len(batch.questions))
+    tokens = np.full((batch_size, batch.width), pad_id, np.int32)
+    mask = np.zeros((batch_size, batch.width), bool)
+    for r, q in enumerate(rows):
+        ids = bench.prompt_ids[q]
+        tokens[r, batch.width - len(ids):], mask[r, batch.width - len(ids):] = ids, True
+    return tokens, mask
+
+
+def benchmark_key(settings: EvalSettings, name: str):
+    """The benchmark's random stream: from the seed and its name only (not its position in a list)."""
+    return jax.random.fold_in(jax.random.key(settings.seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
+
+
+def run(model, bench: Benchmark, settings: EvalSettings, *, tokenizer, grader, eos_ids, pad_id: int,
+        valid_vocab: int | None = None, skip: Iterable[int] = (),
+        on_batch: Callable[[Batch, list[Sample]], None] | None = None) -> list[Sample]:
+    """Samples and grades every batch of the plan except those whose ordinal is in `skip`; returns the samples
+    (question-major within each batch) and hands each finished batch to `on_batch` as soon as it is graded."""
+    skip = set(skip)
+    key = benchmark_key(settings, bench.name)
+    todo = [b for b in plan(bench, settings.batch_size) if b.ordinal not in skip]
+    out: list[Sample] = []
+    pending = None
+    for batch in [*todo, None]:
+        launched = None
+        if batch is not None:  # dispatched: the device samples while the host grades the previous batch
+            tokens, mask = batch_prompts(bench, batch, settings.batch_size, pad_id)
+            launched = (batch, generate(model, tokens, mask, jax.random.fold_in(key, batch.ordinal),
+                                        max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                        top_p=settings.top_p, eos_ids=eos_ids, num_samples=settings.num_samples,
+                                        valid_vocab=valid_vocab, pad_id=pad_id))
+        if pending is not None:
+            samples = _grade(bench, *pending, settings, tokenizer, grader)
+            out.extend(samples)
+            if on_batch is not None:
+                on_batch(pending[0], samples)
+        pending = launched
+    return out
+
+
+def _grade(bench: Benchmark, batch: Batch, rollout, settings: EvalSettings, tokenizer, grader) -> list[Sample]:
+    n, keep = settings.num_samples, len(batch.questions) * settings.num_samples
+    tokens, lengths, truncated = (np.asarray(x)[:keep] for x in jax.device_get(
+        (rollout.tokens, rollout.lengths, rollout.truncated)))
+    texts = prompts.decode_responses(tokenizer, tokens, lengths, truncated)
+    questions = np.repeat(batch.questions, n)
+    graded = rewards.grade_batch(texts, [bench.problems[q].answers for q in questions], num_tokens=lengths,
+                                 grader=grader)
+    return [Sample(question=int(q), index=i % n, text=t, tokens=int(ln), truncated=bool(tr), correct=g.correct,
+                   reason=g.reason)
+            for i, (q, t, ln, tr, g) in enumerate(zip(questions, texts, lengths, truncated, graded, strict=True))]
+
+
+def summarize(samples: list[Sample], num_samples: int, ks: Iterable[int] = (1,)) -> dict[str, float]:
+    """pass@k for each k (unbiased, averaged over questions), mean response tokens, truncation rate, counts."""
+    per_question: dict[int, int] = {}
+    for s in samples:
+        per_question[s.question] = per_question.get(s.question, 0) + s.correct
+    out = {f"pass@{k}": passk.mean_pass_at_k(per_question.values(), num_samples, k) for k in ks}
+    out.update(mean_response_tokens=float(np.mean([s.tokens for s in samples])),
+               truncation_rate=float(np.mean([s.truncated for s in samples])),
+               num_questions=len(per_question), num_samples=num_samples)
+    return out
+
+
+def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, *, tokenizer, grader, eos_ids,
+             pad_id: int, valid_vocab=None, on_batch=None) -> dict[str, float]:
+    """What train.py logs: `eval/{name}/pass@1`, `.../mean_response_tokens`, `.../truncation_rate` per benchmark
+    and `eval/avg/pass@1`, the unweighted mean over benchmarks (the paper's Avg column). `on_batch(bench, batch,
+    samples)` sees every graded batch (train.py keeps them beside its metrics)."""
     metrics = {}
-    for i, bench in enumerate(benchmarks):
-        tokens, lengths, truncated = sample(model, bench, settings, jax.random.fold_in(key, i), eos_ids=eos_ids,
-                                            valid_vocab=valid_vocab)
-        texts = prompts.decode_responses(tokenizer, tokens, lengths, truncated)
-        answers = [p.answers for p in bench.problems for _ in range(settings.num_samples)]
-        graded = rewards.grade_batch(texts, answers, num_tokens=lengths, grader=grader)
-        metrics[f"eval/{bench.name}/pass@1"] = float(np.mean([g.correct for g in graded]))
-        metrics[f"eval/{bench.name}/mean_response_tokens"] = float(np.mean(lengths))
-        metrics[f"eval/{bench.name}/truncation_rate"] = float(np.mean(truncated))
+    for bench in benchmarks:
+        hook = None if on_batch is None else (lambda batch, samples, bench=bench: on_batch(bench, batch, samples))
+        summary = summarize(run(model, bench, settings, tokenizer=tokenizer, grader=grader, eos_ids=eos_ids,
+                                pad_id=pad_id, valid_vocab=valid_vocab, on_batch=hook), settings.num_samples)
+        for key in ("pass@1", "mean_response_tokens", "truncation_rate"):
+            metrics[f"eval/{bench.name}/{key}"] = summary[key]
     if benchmarks:
         metrics["eval/avg/pass@1"] = float(np.mean([metrics[f"eval/{b.name}/pass@1"] for b in benchmarks]))
     return metrics

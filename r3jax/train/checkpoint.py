@@ -49,6 +49,16 @@ class Checkpointer:
                                                                   loop=ocp.args.JsonRestore()))
         return out["state"], out["loop"]
 
+    def restore_params(self, step: int, abstract_params, shardings=None):
+        """The policy's params alone from checkpoint `step` (nothing else is read: no optimizer state, no
+        buffer), each array straight into its sharding when `shardings` is given."""
+        shardings = shardings or jax.tree.map(lambda _: None, abstract_params)
+        restore = jax.tree.map(lambda x, s: ocp.ArrayRestoreArgs(dtype=x.dtype, sharding=s), abstract_params,
+                               shardings)
+        args = ocp.args.PyTreeRestore(item={"params": abstract_params}, restore_args={"params": restore},
+                                      partial_restore=True)
+        return self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+
     def wait(self) -> None:
         """Blocks until every started save is on disk."""
         self._manager.wait_until_finished()

@@ -24,9 +24,10 @@ from r3jax.rl import algorithm
 DERIVED_RL_FIELDS = {"algorithm": "algorithm", "temperature": "temperature", "max_response_tokens": "max_new_tokens",
                      "valid_vocab": "(the tokenizer's size)"}
 # Fields whose change makes a checkpoint unusable (array shapes or what the arrays mean).
-SHAPE_FIELDS = ("algorithm", "model.path", "model.init", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-                "data.train", "data.limit", "rl.r3.slots_correct", "rl.r3.slots_wrong", "rl.r3.max_reflection_prompts",
-                "rl.r3.reflection_attempt_tokens", "rl.oversample", "mesh.data", "mesh.fsdp", "mesh.tensor")
+SHAPE_FIELDS = ("algorithm", "model.path", "model.init", "model.init_overrides", "prompts_per_step",
+                "samples_per_prompt", "max_new_tokens", "data.train", "data.limit", "rl.r3.slots_correct",
+                "rl.r3.slots_wrong", "rl.r3.max_reflection_prompts", "rl.r3.reflection_attempt_tokens",
+                "rl.oversample", "mesh.data", "mesh.fsdp", "mesh.tensor")
 
 
 class ConfigError(ValueError):
@@ -73,7 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval_every = 0                              # 0: evaluate only at the end
     c.keep_checkpoints = 2
     c.eval = ml_collections.ConfigDict(dict(greedy=True, num_samples=1, temperature=0.6, top_p=0.95,
-                                            max_new_tokens=config_dict.placeholder(int), batch_size=64))
+                                            max_new_tokens=config_dict.placeholder(int), batch_size=64, seed=0))
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.grading = ml_collections.ConfigDict(dict(timeout_s=3.0, workers=config_dict.placeholder(int)))
     c.compilation_cache = "~/.cache/r3jax/xla"  # XLA's persistent cache: restarts skip compiling ("" = off)

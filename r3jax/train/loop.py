@@ -21,7 +21,7 @@ import numpy as np
 from r3jax import model as rm
 from r3jax import rewards
 from r3jax.data import iterator as data_iterator
-from r3jax.eval import benchmark
+from r3jax.eval import benchmark, report
 from r3jax.rl import train_step
 from r3jax.train import checkpoint, logbook, plots, progress, rollouts
 from r3jax.train import config as run_config
@@ -70,9 +70,10 @@ class LoopState:
 
 
 def _keys(seed: int, step: int):
-    """Independent streams for step `step`: sampling, reflection and evaluation."""
+    """Independent streams for step `step`: sampling and reflection. (Evaluation has its own fixed seed,
+    `eval.seed`, so that every evaluation of a run, and eval.py on a checkpoint, draws alike.)"""
     base = jax.random.key(seed)
-    return tuple(jax.random.fold_in(jax.random.fold_in(base, stream), step) for stream in (1, 2, 3))
+    return tuple(jax.random.fold_in(jax.random.fold_in(base, stream), step) for stream in (1, 2))
 
 
 def _checkpoint_payload(run: Run, it: data_iterator.QuestionIterator, loop: LoopState) -> dict:
@@ -96,13 +97,18 @@ def _restore(run: Run, ckpt: checkpoint.Checkpointer, it, loop: LoopState) -> in
     return step
 
 
-def _evaluate(run: Run, grader, step: int) -> dict:
-    if not run.benchmarks:
-        return {}
+def _evaluate(run: Run, grader, folder: pathlib.Path, step: int) -> dict:
+    """Evaluates the current policy; its samples go to `DIR/eval/step_{step}.jsonl` (eval.py's row format)."""
+    name = f"step_{step}.jsonl"
+    (folder / name).unlink(missing_ok=True)  # a resumed run evaluates this step again
     model = rm.merge_params(run.graphdef, run.state.params)
-    return benchmark.evaluate(model, run.benchmarks, run.eval_settings, _keys(run.config.seed, step)[2],
-                              tokenizer=run.tokenizer, grader=grader, eos_ids=run.settings.eos_ids,
-                              valid_vocab=run.rl.valid_vocab)
+
+    def keep(bench, batch, samples):
+        report.append_samples(folder, report.sample_rows(bench, batch, samples), name)
+
+    return benchmark.evaluate(model, run.benchmarks, run.eval_settings, tokenizer=run.tokenizer, grader=grader,
+                              eos_ids=run.settings.eos_ids, pad_id=run.settings.pad_id, valid_vocab=run.rl.valid_vocab,
+                              on_batch=keep)
 
 
 def _save_final(run: Run, workdir: pathlib.Path) -> None:
@@ -130,7 +136,7 @@ def train(run: Run, workdir: str) -> int:
         for step in range(start + 1, c.steps + 1):
             t0, compiled = time.perf_counter(), _COMPILES["count"]
             qids, loop.epoch = next(it)
-            sample_key, reflection_key, _ = _keys(c.seed, step)
+            sample_key, reflection_key = _keys(c.seed, step)
             got = rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, loop.epoch,
                                    cfg=run.rl, settings=run.settings, num_groups=c.prompts_per_step,
                                    sample_key=sample_key, reflection_key=reflection_key, tokenizer=run.tokenizer,
@@ -147,7 +153,7 @@ def train(run: Run, workdir: str) -> int:
             loop.skipped_total += int(metrics["policy/skipped"])
             evaluated = {}
             if run.benchmarks and (step == c.steps or (c.eval_every and step % c.eval_every == 0)):
-                evaluated = _evaluate(run, grader, step)
+                evaluated = _evaluate(run, grader, workdir / "eval", step)
             t3 = time.perf_counter()
             row = book.write(step, {
                 **metrics, **evaluated, "data/epoch": loop.epoch, "policy/skipped_steps": loop.skipped_total,

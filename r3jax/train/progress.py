@@ -1,8 +1,8 @@
 """What a person watching a run sees: a live `rich` progress bar and one line per evaluation.
 
 The bar shows step/total, mean reward, accuracy, the solve-none fraction, R³'s zero-advantage fraction after
-repair, generated tokens/s and the ETA. Without a terminal (a log file, CI) rich prints no live bar; the
-evaluation lines and the final summary are printed either way.
+repair, generated tokens/s and the ETA. Without a terminal (a log file, a pod's stdout) there is no live bar:
+each step prints one plain line with the same numbers instead.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ class TrainProgress:
                  f"zero-adv {_fmt(row, 'r3/zero_adv_frac_after', '.2f')}  "
                  f"{_fmt(row, 'tokens_per_s', ',.0f')} tok/s")
         self._progress.update(self._task, completed=step, stats=stats)
+        if not self.console.is_terminal:
+            task = self._progress.tasks[0]
+            eta = "-" if task.time_remaining is None else f"{task.time_remaining:.0f}s"
+            print(f"step {step}/{task.total}  {stats}  eta {eta}", flush=True)
 
     def print_eval(self, step: int, metrics: dict) -> None:
         names = sorted({k.split("/")[1] for k in metrics if k.endswith("/pass@1") and not k.startswith("eval/avg")})

@@ -83,7 +83,9 @@ def _check_batch_fits(c, mesh, groups: int, what: str) -> None:
                          f"mesh's data x fsdp axes")
 
 
-def _model_config(c, tokenizer) -> rm.ModelConfig:
+def model_config(c, tokenizer) -> rm.ModelConfig:
+    """The policy's architecture: the folder's config.json, or a preset for a random start (its vocabulary
+    the tokenizer's, rounded up to a multiple of 8)."""
     if c.model.path is not None:
         try:
             return rm.ModelConfig.from_json_file(os.path.join(weights.resolve_folder(c.model.path), "config.json"))
@@ -133,15 +135,15 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         raise SetupError(f"prompts_per_step: {questions} questions per step but data.train has {len(train)} usable "
                          "problems (data.limit included)")
     bank = rollouts.build_bank(tokenizer, train)
-    model_config = _model_config(c, tokenizer)
+    model_cfg = model_config(c, tokenizer)
     settings = _rollout_settings(c, rl, tokenizer, bank)
     longest = max(bank.longest_prompt, settings.reflection_width if settings.reflection_prompts else 0)
-    if longest + c.max_new_tokens > model_config.max_position_embeddings:
+    if longest + c.max_new_tokens > model_cfg.max_position_embeddings:
         raise SetupError(f"max_new_tokens: the longest prompt ({longest} tokens) + max_new_tokens "
                          f"({c.max_new_tokens}) exceeds the model's max_position_embeddings "
-                         f"({model_config.max_position_embeddings})")
-    if model_config.vocab_size < len(tokenizer):
-        raise SetupError(f"model: vocab_size {model_config.vocab_size} is smaller than the tokenizer's "
+                         f"({model_cfg.max_position_embeddings})")
+    if model_cfg.vocab_size < len(tokenizer):
+        raise SetupError(f"model: vocab_size {model_cfg.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} ids")
     mesh = _mesh(c)
     slots = settings.reflection_prompts
@@ -149,14 +151,14 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
     if rl.dynamic_sampling:
         _check_batch_fits(c, mesh, c.prompts_per_step, f"P = {c.prompts_per_step} groups kept by dynamic sampling")
     benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
-    graphdef, params = rm.split_params(_load_model(c, model_config, mesh))
+    graphdef, params = rm.split_params(_load_model(c, model_cfg, mesh))
     tx = train_step.optimizer(rl)
     state = train_step.init_train_state(params, rl, tx, num_questions=len(train), seed=c.seed, mesh=mesh)
     eval_settings = benchmark.EvalSettings(
         max_new_tokens=c.eval.max_new_tokens or c.max_new_tokens, num_samples=c.eval.num_samples,
         temperature=0.0 if c.eval.greedy else c.eval.temperature, top_p=1.0 if c.eval.greedy else c.eval.top_p,
-        batch_size=c.eval.batch_size)
-    return Run(config=c, rl=rl, mesh=mesh, tokenizer=tokenizer, model_config=model_config, graphdef=graphdef,
+        batch_size=c.eval.batch_size, seed=c.eval.seed)
+    return Run(config=c, rl=rl, mesh=mesh, tokenizer=tokenizer, model_config=model_cfg, graphdef=graphdef,
                state=state, tx=tx, bank=bank, settings=settings, benchmarks=benchmarks, eval_settings=eval_settings,
                questions_per_step=questions)
 
