@@ -42,3 +42,9 @@ def test_hostile_text_costs_linear_time():
     start = time.perf_counter()
     assert extract.final_answer(text) == (None, "no_box")
     assert time.perf_counter() - start < 2.0
+
+
+def test_control_characters_at_the_edges_of_a_box_reach_the_judge():
+    # str.strip() treats \x1c-\x1f as whitespace; the grader must see them to refuse the answer
+    assert extract.last_boxed("\\boxed{\x1e144\x1f}") == "\x1e144\x1f"
+    assert extract.last_boxed("\\boxed{ 144\n}") == "144"

@@ -177,3 +177,18 @@ def test_references_are_checked_up_front():
         rewards.grade_batch(["<think></think> none", "x"], ["1", None])
     with pytest.raises(ValueError, match=r"answers\[0\]"):
         rewards.grade_batch(["x"], [{"a": 1}])
+
+
+def test_slow_answers_time_out_inside_the_worker_without_a_kill():
+    """The worker's own deadline (0.8 of the limit, fractions of a second) answers `timeout` itself, so no
+    worker is killed and replaced: 16 slow answers on 2 workers take about 8 x 0.8 s, not a respawn each."""
+    slow = ["\\prod_{k=1}^{10^{5}} k", "(10^{100})!", "(x+1)^{10^{4}}", "2^{2^{2^{30}}}"] * 4
+    with rewards.GradingPool(2, timeout_s=TIMEOUT_S) as p:
+        start = time.perf_counter()
+        results = p.grade(slow, ["1"] * len(slow))
+        elapsed = time.perf_counter() - start
+        assert results[:4] == [(False, "timeout")] * 4
+        # a repeat can finish in time from sympy's caches, and then it is a plain mismatch
+        assert all(r in [(False, "timeout"), (False, "mismatch")] for r in results)
+        assert p.stats.timeouts == 0 and p.stats.crashes == 0
+        assert elapsed < 8 * TIMEOUT_S + 2.0, elapsed

@@ -159,3 +159,18 @@ def test_an_answer_the_grammar_cannot_read_counts_only_when_written_as_the_refer
     assert equivalence.judge("E_{1}, E_{2}", ["E_{1},E_{2}"]) == (True, "correct")
     assert equivalence.judge("E_{1}, E_{3}", ["E_{1},E_{2}"]) == (False, "parse_error")
     assert equivalence.judge("E_{1},\u200bE_{2}", ["E_{1},E_{2}"]) == (False, "parse_error")
+
+
+@pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "\\prod_{k=1}^{10^{5}} k", "(10^{100})!", "(x+1)^{10^{4}}"])
+def test_a_slow_answer_times_out_within_a_fraction_of_a_second(answer):
+    import time
+
+    start = time.perf_counter()
+    assert equivalence.judge(answer, "1", timeout_s=0.4) == (False, "timeout")
+    assert time.perf_counter() - start < 0.4 + 0.3
+
+
+def test_an_exact_zero_difference_is_not_float_noise():
+    # float() of the unevaluated 0 + 2 - 2 is 4.7e-125, which the small-number check used to call unequal
+    assert equivalence.judge("0 + 2 - 2", "0") == (True, "correct")
+    assert equivalence.judge("10^{-40}", "10^{-41}") == (False, "mismatch")

@@ -4,14 +4,18 @@ Both sides are read by `latex.parse` (latex2sympy's LaTeX grammar, which runs no
 plain-expression mode goes through sympy's `parse_expr`, which evaluates Python, so model text never
 reaches it), and must be read completely. Then the written forms must agree (`shape`: sets, tuples and
 intervals are different things), an answer may not offer alternatives ("or") or hide an equation chain
-behind the reference, and math-verify's `verify` compares the values. Its timeouts use `signal.alarm`,
-so call this in a process's main thread: the grading pool's workers do.
+behind the reference, and math-verify's `verify` compares the values. One deadline bounds the whole
+judgement (`signal.setitimer`, fractions of a second: math-verify's own `signal.alarm` has whole seconds
+only, so a 1 s pool limit could never be met from inside and every slow answer cost a killed worker); it
+needs a process's main thread, which the grading pool's workers are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import signal
 import threading
 
 import math_verify
@@ -24,6 +28,9 @@ from r3jax.rewards import latex, shape
 _DOLLAR = re.compile(r"(?<!\\)\$")  # math delimiters, not the escaped currency sign `\$`
 _BASE = re.compile(r"_\{?(\d+)\}?\s*$")  # 52_8, 4210_{5}: a number written in a base
 _LATEX_ONLY = (math_verify.LatexExtractionConfig(),)
+# math-verify's internal alarms are switched off (judge's deadline replaces them); it warns once that the
+# caller must then bound the time itself, which judge does
+math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
 
 
 def normalize_answer(answer: str) -> str:
@@ -51,7 +58,7 @@ def same_base(reference, answer: str) -> bool:
 _REFERENCES: dict[str, object] = {}
 
 
-def parse_reference(text: str, timeout_s: int = 3):
+def parse_reference(text: str):
     """A normalized reference's value, cached (the same gold is graded G times per group); None when
     it does not parse (a failed or timed-out parse is not cached, so one slow moment cannot stick).
 
@@ -59,9 +66,9 @@ def parse_reference(text: str, timeout_s: int = 3):
     read by math-verify's own extraction instead, so a question is never unanswerable."""
     if text not in _REFERENCES:
         try:
-            value = latex.parse(text, timeout_s)
+            value = latex.parse(text)
         except latex.NotWholeAnswer:
-            found = math_verify.parse(f"${text}$", extraction_config=_LATEX_ONLY, parsing_timeout=timeout_s)
+            found = math_verify.parse(f"${text}$", extraction_config=_LATEX_ONLY, parsing_timeout=None)
             value = next((v for v in found if not isinstance(v, str)), None)
         if value is None:
             return None
@@ -74,11 +81,14 @@ def parse_reference(text: str, timeout_s: int = 3):
 def small_numbers_agree(gold, answer, rel_tol: float = 1e-6) -> bool:
     """math-verify rounds numbers to 6 decimal places before comparing, so all numbers below ~1e-6
     look equal (Minerva's 4.6e-24 = 4.6e-25, MATH's .0000672 = .0000673). Below 1e-3 this asks
-    for relative agreement instead; anything that is not a pair of plain numbers passes through."""
+    for relative agreement instead; anything that is not a pair of plain numbers passes through.
+    An exact difference of 0 agrees first: float() of an unevaluated `0 + 2 - 2` is 4.7e-125."""
     if not (getattr(gold, "is_number", False) and getattr(answer, "is_number", False)):
         return True
     try:
-        a, b = float(gold), float(answer)
+        if sympy.simplify(gold - answer) == 0:
+            return True
+        a, b = float(sympy.N(gold, 30)), float(sympy.N(answer, 30))
     except (TypeError, ValueError, OverflowError):  # complex, or not a finite real: leave it to math-verify
         return True
     if max(abs(a), abs(b)) >= 1e-3:
@@ -109,8 +119,24 @@ def _verbatim(text: str) -> str:
     return re.sub(r"\s+", "", latex.canonical(text))
 
 
-def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
-    """(correct, reason): reason is `correct`, `mismatch`, `parse_error` or `timeout`.
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Raises math-verify's TimeoutException in this (main) thread once `seconds` have passed."""
+    def expire(signum, frame):
+        raise TimeoutException(f"no verdict within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def judge(answer: str, references, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """(correct, reason): reason is `correct`, `mismatch`, `parse_error` or `timeout` (no verdict within
+    `timeout_s` seconds).
 
     references: one acceptable answer or a list of them; the answer is correct if it equals any.
     """
@@ -121,9 +147,15 @@ def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
         raise RuntimeError("equivalence.judge uses signal-based timeouts and must run in a main thread; "
                            "use grade_batch / GradingPool, which grade in worker processes")
     try:
-        parsed = latex.parse(answer, timeout_s)
+        with deadline(timeout_s):
+            return _judge(answer, refs)
     except TimeoutException:
         return False, "timeout"
+
+
+def _judge(answer: str, refs: list) -> tuple[bool, str]:
+    try:
+        parsed = latex.parse(answer)
     except latex.NotWholeAnswer:
         # the grammar cannot read some honest answers (`E_1, E_2`); one written exactly as a reference is
         if not latex.hidden_characters(answer) and any(_verbatim(answer) == _verbatim(normalize_reference(r))
@@ -131,22 +163,19 @@ def judge(answer: str, references, timeout_s: int = 3) -> tuple[bool, str]:
             return True, "correct"
         return False, "parse_error"
     text = latex.canonical(answer)
-    timed_out = False
     for ref in refs:
         ref_text = normalize_reference(ref)
-        gold = parse_reference(ref_text, timeout_s)
+        gold = parse_reference(ref_text)
         if gold is None or (latex.offers_alternatives(answer) and not latex.offers_alternatives(ref_text)):
             continue
         if not shape.compatible(shape.shape(latex.canonical(ref_text)), shape.shape(text)):
             continue
         if not relations_fit(gold, parsed):
             continue
-        try:
-            same = math_verify.verify(gold, parsed, timeout_seconds=timeout_s, raise_on_error=True)
-        except TimeoutException:
-            timed_out, same = True, False
+        try:  # the deadline is judge's: math-verify's own whole-second alarm would replace it
+            same = math_verify.verify(gold, parsed, timeout_seconds=None, raise_on_error=True)
         except Exception:  # noqa: BLE001  (incomparable objects: not equal)
             same = False
         if same and small_numbers_agree(gold, parsed) and same_base(ref, latex.clean(answer)):
             return True, "correct"
-    return False, "timeout" if timed_out else "mismatch"
+    return False, "mismatch"

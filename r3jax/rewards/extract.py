@@ -42,7 +42,9 @@ def last_boxed(text: str) -> str | None:
     pairs = matching_braces(text)
     for start in reversed(opens):
         if start in pairs:
-            return text[start + 1:pairs[start]].strip()
+            # ASCII whitespace only: str.strip() would also eat the control characters \x1c-\x1f, which
+            # must reach the judge (an answer holding them is refused there)
+            return text[start + 1:pairs[start]].strip(" \t\n\r\x0b\x0c")
     return None
 
 

@@ -22,7 +22,6 @@ import unicodedata
 
 from latex2sympy2_extended import latex2sympy2 as l2s
 from math_verify.grader import should_treat_as_complex
-from math_verify.utils import timeout
 
 # Unicode categories never part of an honest answer: control, format (zero-width and bidirectional
 # marks, invisible operators), private use, surrogates, unassigned. Ordinary whitespace is allowed.
@@ -121,9 +120,10 @@ def canonical(text: str) -> str:
     return l2s.normalize_latex(strip_units(clean(text)), _REWRITES).strip()
 
 
-def parse(text: str, timeout_s: int = 3):
+def parse(text: str):
     """The sympy value of the whole of `text`; raises NotWholeAnswer when the grammar cannot read
-    all of it (or the text is refused), math-verify's TimeoutException past `timeout_s`."""
+    all of it (or the text is refused). No time limit of its own: `equivalence.judge` bounds the whole
+    judgement."""
     hidden = hidden_characters(text)
     why = f"hidden characters: {', '.join(sorted(set(hidden)))}" if hidden else refusal(clean(text))
     if why is None:
@@ -132,11 +132,8 @@ def parse(text: str, timeout_s: int = 3):
     if why is not None:
         raise NotWholeAnswer(why)
 
-    def convert():
+    try:  # math-verify's TimeoutException is a BaseException: a deadline passes through
         return l2s.latex2sympy(text, is_real=not should_treat_as_complex(text), convert_degrees=False,
                                normalization_config=None, conversion_config=_CONVERSION)
-
-    try:  # math-verify's TimeoutException is a BaseException: it passes through
-        return timeout(timeout_seconds=timeout_s)(convert)()
     except Exception as e:  # noqa: BLE001  (the grammar's syntax errors, sympy's, MemoryError)
         raise NotWholeAnswer(str(e).splitlines()[0] if str(e) else type(e).__name__) from e

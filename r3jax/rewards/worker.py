@@ -50,7 +50,9 @@ def serve(conn_in: connection.Connection, conn_out: connection.Connection, memor
             return
         limit_cpu(limit_s)
         try:
-            correct, reason = equivalence.judge(answer, references, timeout_s=max(1, int(limit_s * 0.75)))
+            # its own deadline first, so a slow answer comes back as `timeout` and the worker lives on;
+            # the pool's wall-clock kill stays for what a signal cannot interrupt (a long call in C)
+            correct, reason = equivalence.judge(answer, references, timeout_s=0.8 * limit_s)
         except Exception:  # noqa: BLE001  (MemoryError, RecursionError, anything sympy raises)
             correct, reason = False, "parse_error"
         conn_out.send_bytes(json.dumps([task, bool(correct), reason]).encode())
