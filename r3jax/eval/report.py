@@ -9,11 +9,11 @@ that holds results of other settings is refused, naming the setting, and nothing
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import numpy as np
 
+from r3jax import jsonl
 from r3jax.eval import passk
 
 
@@ -36,16 +36,7 @@ def check_settings(folder: pathlib.Path, settings: dict) -> None:
 
 
 def read_samples(folder: pathlib.Path) -> list[dict]:
-    path = folder / "samples.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a row cut off by a kill: its batch is incomplete anyway
-    return rows
+    return jsonl.read(folder / "samples.jsonl")
 
 
 def completed_batches(folder: pathlib.Path, expected: dict[tuple[str, int], int]) -> set[tuple[str, int]]:
@@ -55,11 +46,8 @@ def completed_batches(folder: pathlib.Path, expected: dict[tuple[str, int], int]
     for r in rows:
         counts[(r["benchmark"], r["batch"])] = counts.get((r["benchmark"], r["batch"]), 0) + 1
     done = {k for k, n in counts.items() if expected.get(k) == n}
-    kept = [r for r in rows if (r["benchmark"], r["batch"]) in done]
-    if len(kept) != len(rows) or (folder / "samples.jsonl").exists():
-        tmp = folder / "samples.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, folder / "samples.jsonl")
+    if (folder / "samples.jsonl").exists():
+        jsonl.rewrite(folder / "samples.jsonl", [r for r in rows if (r["benchmark"], r["batch"]) in done])
     return done
 
 
@@ -72,10 +60,7 @@ def sample_rows(bench, batch, samples) -> list[dict]:
 
 def append_samples(folder: pathlib.Path, rows: list[dict], name: str = "samples.jsonl") -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / name, "a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
-        f.flush()
-        os.fsync(f.fileno())
+    jsonl.append(folder / name, rows)
 
 
 def at_budget(row: dict, budget: int) -> tuple[int, bool, bool]:

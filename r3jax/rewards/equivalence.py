@@ -13,6 +13,7 @@ needs a process's main thread, which the grading pool's workers are.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 import signal
@@ -148,12 +149,15 @@ def judge(answer: str, references, timeout_s: float = 3.0) -> tuple[bool, str]:
                            "use grade_batch / GradingPool, which grade in worker processes")
     try:
         with deadline(timeout_s):
-            return _judge(answer, refs)
+            return _judge(answer, tuple(refs))
     except TimeoutException:
         return False, "timeout"
 
 
-def _judge(answer: str, refs: list) -> tuple[bool, str]:
+@functools.lru_cache(maxsize=8192)
+def _judge(answer: str, refs: tuple) -> tuple[bool, str]:
+    """The verdict, cached: a group's G samples often give the same answer to the same question. A timeout
+    raises through and is not cached."""
     try:
         parsed = latex.parse(answer)
     except latex.NotWholeAnswer:

@@ -8,12 +8,13 @@ same way (`purge_step`). Non-finite values are written as null (JSON has no NaN)
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
 
 import numpy as np
+
+from r3jax import jsonl
 
 
 def _number(value):
@@ -21,30 +22,12 @@ def _number(value):
     return value if math.isfinite(value) else None
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The complete rows of a metrics.jsonl (a last line cut off by a kill is left out)."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
-
-
 class Logbook:
     def __init__(self, workdir: str | os.PathLike, *, resume_step: int, wandb_config=None, run_config: dict | None
                  = None):
         self.workdir = pathlib.Path(workdir)
         self.path = self.workdir / "metrics.jsonl"
-        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
-        os.replace(tmp, self.path)
-        self._file = open(self.path, "a")  # noqa: SIM115  (held for the run; closed in close())
+        jsonl.rewrite(self.path, [r for r in jsonl.read(self.path) if r.get("step", 0) <= resume_step])
         from tensorboardX import SummaryWriter
 
         self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=resume_step + 1)
@@ -53,9 +36,7 @@ class Logbook:
     def write(self, step: int, metrics: dict) -> dict:
         """Appends one row (flushed to disk before returning) and returns it."""
         row = {"step": int(step), **{k: _number(v) for k, v in sorted(metrics.items())}}
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        jsonl.append(self.path, [row])
         for key, value in row.items():
             if key != "step" and value is not None:
                 self._tb.add_scalar(key, value, step)
@@ -64,10 +45,9 @@ class Logbook:
         return row
 
     def rows(self) -> list[dict]:
-        return read_rows(self.path)
+        return jsonl.read(self.path)
 
     def close(self) -> None:
-        self._file.close()
         self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
