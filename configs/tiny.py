@@ -18,7 +18,7 @@ def get_config():
     c = run_config.base_config()
     c.algorithm = "r3"
     c.model.init = "tiny"
-    c.model.tokenizer = os.path.join(HERE, "tokenizer")
+    c.model.init_tokenizer = os.path.join(HERE, "tokenizer")  # --config.model.path=DIR brings DIR's own
     c.model.init_overrides = ml_collections.ConfigDict(dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=1024))

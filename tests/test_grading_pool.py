@@ -187,8 +187,8 @@ def test_slow_answers_time_out_inside_the_worker_without_a_kill():
         start = time.perf_counter()
         results = p.grade(slow, ["1"] * len(slow))
         elapsed = time.perf_counter() - start
-        assert results[:4] == [(False, "timeout")] * 4
-        # a repeat can finish in time from sympy's caches, and then it is a plain mismatch
+        # a fast machine (or sympy's caches, for a repeat) can finish one in time: then it is a plain mismatch
         assert all(r in [(False, "timeout"), (False, "mismatch")] for r in results)
+        assert sum(r == (False, "timeout") for r in results) >= len(slow) // 2
         assert p.stats.timeouts == 0 and p.stats.crashes == 0
         assert elapsed < 8 * TIMEOUT_S + 2.0, elapsed

@@ -1,6 +1,6 @@
 """Sampling and grading a held-out problem set: bucketed fixed-shape batches, grading overlapped with sampling.
 
-Questions are ordered by prompt-length bucket (128, 256, 512, 1024 tokens) and cut into batches of
+Questions are ordered by prompt-length bucket (128, 256, ..., 4096 tokens) and cut into batches of
 `batch_size` questions (the last batch of a bucket is filled with repeats of its first question, whose samples
 are dropped), so a whole benchmark compiles one sampler per bucket. The plan depends only on the benchmark and
 the batch size, and batch b samples with `fold_in(key, b)`: a batch gives the same samples whether it runs

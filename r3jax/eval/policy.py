@@ -46,10 +46,11 @@ def load_policy(path: str, *, mesh=None) -> Policy:
 
 def _from_workdir(path: str, mesh) -> Policy:
     from r3jax.train import checkpoint, setup  # the training side knows how its runs are built
+    from r3jax.train import config as run_config
 
     with open(os.path.join(path, "config.json")) as f:
         c = ml_collections.ConfigDict(json.load(f))
-    tokenizer = prompts.load_tokenizer(c.model.tokenizer or c.model.path)
+    tokenizer = prompts.load_tokenizer(run_config.tokenizer_path(c))
     config = setup.model_config(c, tokenizer)
     ckpt = checkpoint.Checkpointer(os.path.join(path, "checkpoints"), keep=c.keep_checkpoints, async_save=False)
     step = ckpt.latest_step()

@@ -56,9 +56,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl = _placeholders(algorithm.RLConfig)
     c.model = ml_collections.ConfigDict(dict(
         path=config_dict.placeholder(str),        # a Hugging Face folder (config.json + safetensors)
-        tokenizer=config_dict.placeholder(str),   # default: model.path
+        tokenizer=config_dict.placeholder(str),   # default: model.path's own (else init_tokenizer)
         init=config_dict.placeholder(str),        # no path: random init of a preset (`tiny`) ...
-        init_overrides=ml_collections.ConfigDict(),  # ... with these ModelConfig fields changed
+        init_overrides=ml_collections.ConfigDict(),  # ... with these ModelConfig fields changed ...
+        init_tokenizer=config_dict.placeholder(str),  # ... and this tokenizer (used only without a path)
         dtype="float32", compute_dtype=config_dict.placeholder(str), remat="none"))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
@@ -137,6 +138,11 @@ def rl_config(c: ml_collections.ConfigDict, valid_vocab: int | None) -> algorith
                                           max_response_tokens=c.max_new_tokens, valid_vocab=valid_vocab)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
+
+
+def tokenizer_path(c: ml_collections.ConfigDict) -> str | None:
+    """model.tokenizer if set, else the model folder's own, else (random init) model.init_tokenizer."""
+    return c.model.tokenizer or c.model.path or c.model.get("init_tokenizer")
 
 
 def check_values(c: ml_collections.ConfigDict) -> None:

@@ -42,7 +42,8 @@ def build_bank(tokenizer, problem_list, *, max_prompt_tokens: int | None = None)
     batch = prompts.tokenize_prompts(tokenizer, texts, max_length=max_prompt_tokens)
     if batch.dropped:
         first = problem_list[batch.dropped[0]]
-        raise ValueError(f"{len(batch.dropped)} training prompts are longer than {max_prompt_tokens or 1024} "
+        limit = max_prompt_tokens or max(prompts.DEFAULT_BUCKETS)
+        raise ValueError(f"{len(batch.dropped)} training prompts are longer than {limit} "
                          f"tokens, e.g. question {first.uid} from {first.source}; shorten or filter them")
     question_ids = [reflection.question_ids(tokenizer, p.problem) for p in problem_list]
     width = max(len(q) for q in question_ids)

@@ -115,7 +115,10 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     if c.model.path is not None and not _HUB_ID.fullmatch(c.model.path):
         _exists(c.model.path, "model.path", "model folder")  # else a hub id, fetched when the hub is reachable
-    tokenizer_path = c.model.tokenizer or c.model.path
+    tokenizer_path = run_config.tokenizer_path(c)
+    if tokenizer_path is None:
+        raise SetupError("model.tokenizer: no tokenizer folder (set model.tokenizer, or model.init_tokenizer for a "
+                         "random init)")
     _exists(tokenizer_path, "model.tokenizer", "tokenizer folder")
     if not _HUB_ID.fullmatch(c.data.train) or c.data.train.endswith((".json", ".jsonl", ".parquet")):
         _exists(c.data.train, "data.train", "problem file")  # else a hub id such as owner/name
