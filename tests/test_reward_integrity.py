@@ -161,7 +161,7 @@ def test_an_answer_the_grammar_cannot_read_counts_only_when_written_as_the_refer
     assert equivalence.judge("E_{1},\u200bE_{2}", ["E_{1},E_{2}"]) == (False, "parse_error")
 
 
-@pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "\\prod_{k=1}^{10^{5}} k", "(10^{100})!", "(x+1)^{10^{4}}"])
+@pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "(10^{100})!", "(x+1)^{10^{4}}", "2^{2^{2^{30}}}"])
 def test_a_slow_answer_times_out_within_a_fraction_of_a_second(answer):
     import time
 
