@@ -20,7 +20,7 @@ import numpy as np
 from r3jax import rewards
 from r3jax.data import problems as data_problems
 from r3jax.data import prompts
-from r3jax.eval import passk
+from r3jax.eval import report
 from r3jax.sampling import generate
 
 
@@ -142,18 +142,6 @@ def _grade(bench: Benchmark, batch: Batch, rollout, settings: EvalSettings, toke
             for i, (q, t, ln, tr, g) in enumerate(zip(questions, texts, lengths, truncated, graded, strict=True))]
 
 
-def summarize(samples: list[Sample], num_samples: int, ks: Iterable[int] = (1,)) -> dict[str, float]:
-    """pass@k for each k (unbiased, averaged over questions), mean response tokens, truncation rate, counts."""
-    per_question: dict[int, int] = {}
-    for s in samples:
-        per_question[s.question] = per_question.get(s.question, 0) + s.correct
-    out = {f"pass@{k}": passk.mean_pass_at_k(per_question.values(), num_samples, k) for k in ks}
-    out.update(mean_response_tokens=float(np.mean([s.tokens for s in samples])),
-               truncation_rate=float(np.mean([s.truncated for s in samples])),
-               num_questions=len(per_question), num_samples=num_samples)
-    return out
-
-
 def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, *, tokenizer, grader, eos_ids,
              pad_id: int, valid_vocab=None, on_batch=None) -> dict[str, float]:
     """What train.py logs: `eval/{name}/pass@1`, `.../mean_response_tokens`, `.../truncation_rate` per benchmark
@@ -162,8 +150,10 @@ def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, *, toke
     metrics = {}
     for bench in benchmarks:
         hook = None if on_batch is None else (lambda batch, samples, bench=bench: on_batch(bench, batch, samples))
-        summary = summarize(run(model, bench, settings, tokenizer=tokenizer, grader=grader, eos_ids=eos_ids,
-                                pad_id=pad_id, valid_vocab=valid_vocab, on_batch=hook), settings.num_samples)
+        samples = run(model, bench, settings, tokenizer=tokenizer, grader=grader, eos_ids=eos_ids, pad_id=pad_id,
+                      valid_vocab=valid_vocab, on_batch=hook)
+        rows = report.sample_rows(bench, Batch(0, (), 0), samples)  # eval.py's rows: one summary for both
+        summary = report.summarize(rows, settings.num_samples, [1], settings.max_new_tokens)
         for key in ("pass@1", "mean_response_tokens", "truncation_rate"):
             metrics[f"eval/{bench.name}/{key}"] = summary[key]
     if benchmarks:

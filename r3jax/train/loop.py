@@ -16,7 +16,6 @@ import signal
 import time
 
 import jax
-import numpy as np
 
 from r3jax import model as rm
 from r3jax import rewards
@@ -190,10 +189,3 @@ def train(run: Run, workdir: str) -> int:
         book.close()
         ckpt.close()
 
-
-def host_share(rows: list[dict]) -> float:
-    """The fraction of step time the device waits on the host (grading and everything else), over rows."""
-    total = sum(sum(r.get(k) or 0.0 for k in ("time/sample_s", "time/grade_s", "time/train_s", "time/other_s"))
-                for r in rows)
-    host = sum((r.get("time/grade_s") or 0.0) + (r.get("time/other_s") or 0.0) for r in rows)
-    return float(np.float64(host) / total) if total else 0.0
