@@ -59,6 +59,16 @@ def attend(q_btnh, k_bksh, v_bksh, mask_bts) -> jax.Array:
     return jnp.einsum("bkrts,bksh->btkrh", probs, v_bksh).reshape(b, t, n, h)
 
 
+def project(x_bt_, equation: str, w):
+    """`einsum(equation, x, w)` with the batch and time axes of x folded into one ("td,fd->tf" on [B, T, D]).
+
+    Same values as the batched einsum, but its gradient with respect to w is one plain matmul contracting
+    B·T rows: XLA:CPU ran the two-axis contraction of "btf,btd->fd" 2-5x slower than the folded one."""
+    b, t = x_bt_.shape[:2]
+    out = jnp.einsum(equation, x_bt_.reshape(b * t, *x_bt_.shape[2:]), w)
+    return out.reshape(b, t, *out.shape[1:])
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with q/k/v biases and no output bias."""
 
@@ -81,9 +91,9 @@ class Attention(nnx.Module):
         (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot
         `index`. Returns (out, kv)."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
-        q = jnp.einsum("btd,nhd->btnh", x_btd, w(self.q_proj)) + w(self.q_bias)
-        k = jnp.einsum("btd,khd->btkh", x_btd, w(self.k_proj)) + w(self.k_bias)
-        v = jnp.einsum("btd,khd->btkh", x_btd, w(self.v_proj)) + w(self.v_bias)
+        q = project(x_btd, "td,nhd->tnh", w(self.q_proj)) + w(self.q_bias)
+        k = project(x_btd, "td,khd->tkh", w(self.k_proj)) + w(self.k_bias)
+        v = project(x_btd, "td,khd->tkh", w(self.v_proj)) + w(self.v_bias)
         q = sharding.constrain(rope(q, rope_bt), "act_btnh", self.mesh)
         k = sharding.constrain(rope(k, rope_bt), "act_btkh", self.mesh)
         if kv is None:
@@ -92,7 +102,7 @@ class Attention(nnx.Module):
             kv, k, v = kv_cache.write_layer(kv, layer, k, v, index)
         out = sharding.constrain(attend(q, k.astype(self.dtype), v.astype(self.dtype), mask_bts),
                                  "act_btnh", self.mesh)
-        return jnp.einsum("btnh,dnh->btd", out, w(self.o_proj)), kv
+        return project(out, "tnh,dnh->td", w(self.o_proj)), kv
 
 
 class MLP(nnx.Module):
@@ -108,10 +118,10 @@ class MLP(nnx.Module):
 
     def __call__(self, x_btd):
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
-        gate = jnp.einsum("btd,fd->btf", x_btd, w(self.gate_proj))
-        up = jnp.einsum("btd,fd->btf", x_btd, w(self.up_proj))
+        gate = project(x_btd, "td,fd->tf", w(self.gate_proj))
+        up = project(x_btd, "td,fd->tf", w(self.up_proj))
         hidden = sharding.constrain(jax.nn.silu(gate) * up, "act_btf", self.mesh)
-        return jnp.einsum("btf,df->btd", hidden, w(self.down_proj))
+        return project(hidden, "tf,df->td", w(self.down_proj))
 
 
 class DecoderLayer(nnx.Module):
