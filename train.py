@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from r3jax.train import config as run_config
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny.py")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "arith.py")
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "a configs/*.py file with get_config()")
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics, plots and the final model go "
                                "(default: runs/<config name>)")

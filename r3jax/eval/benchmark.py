@@ -144,8 +144,9 @@ def _grade(bench: Benchmark, batch: Batch, rollout, settings: EvalSettings, toke
 
 def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, *, tokenizer, grader, eos_ids,
              pad_id: int, valid_vocab=None, on_batch=None) -> dict[str, float]:
-    """What train.py logs: `eval/{name}/pass@1`, `.../mean_response_tokens`, `.../truncation_rate` per benchmark
-    and `eval/avg/pass@1`, the unweighted mean over benchmarks (the paper's Avg column). `on_batch(bench, batch,
+    """What train.py logs: `eval/{name}/pass@1`, `.../solve_none` (no sample correct), `.../mean_response_tokens`,
+    `.../truncation_rate` per benchmark and `eval/avg/pass@1`, `eval/avg/solve_none`, unweighted means over
+    benchmarks (the paper's Avg column). `on_batch(bench, batch,
     samples)` sees every graded batch (train.py keeps them beside its metrics)."""
     metrics = {}
     for bench in benchmarks:
@@ -154,8 +155,8 @@ def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, *, toke
                       valid_vocab=valid_vocab, on_batch=hook)
         rows = report.sample_rows(bench, Batch(0, (), 0), samples)  # eval.py's rows: one summary for both
         summary = report.summarize(rows, settings.num_samples, [1], settings.max_new_tokens)
-        for key in ("pass@1", "mean_response_tokens", "truncation_rate"):
+        for key in ("pass@1", "solve_none", "mean_response_tokens", "truncation_rate"):
             metrics[f"eval/{bench.name}/{key}"] = summary[key]
-    if benchmarks:
-        metrics["eval/avg/pass@1"] = float(np.mean([metrics[f"eval/{b.name}/pass@1"] for b in benchmarks]))
+    for key in ("pass@1", "solve_none") if benchmarks else ():
+        metrics[f"eval/avg/{key}"] = float(np.mean([metrics[f"eval/{b.name}/{key}"] for b in benchmarks]))
     return metrics

@@ -80,7 +80,9 @@ def summarize(rows: list[dict], num_samples: int, ks: list[int], budget: int) ->
         tokens.append(n_tok)
         truncated.append(trunc)
     out = {f"pass@{k}": passk.mean_pass_at_k(per_question.values(), num_samples, k) for k in ks}
-    out.update(mean_response_tokens=float(np.mean(tokens)), truncation_rate=float(np.mean(truncated)),
+    # solve-none: questions none of whose samples is correct (GRPO's all-wrong groups, on held-out questions)
+    out.update(solve_none=float(np.mean([c == 0 for c in per_question.values()])),
+               mean_response_tokens=float(np.mean(tokens)), truncation_rate=float(np.mean(truncated)),
                num_questions=len(per_question), num_samples=num_samples)
     return out
 
@@ -94,7 +96,8 @@ def results_from_samples(rows: list[dict], settings: dict, model: dict) -> dict:
         per = {name: summarize([r for r in rows if r["benchmark"] == name], settings["num_samples"],
                                settings["pass_k"], budget) for name in names}
         average = {key: float(np.mean([per[n][key] for n in names])) for key in
-                   [f"pass@{k}" for k in settings["pass_k"]] + ["mean_response_tokens", "truncation_rate"]}
+                   [f"pass@{k}" for k in settings["pass_k"]] + ["solve_none", "mean_response_tokens",
+                                                                "truncation_rate"]}
         by_budget[str(budget)] = {"benchmarks": per, "average": average}
     largest = by_budget[str(max(settings["max_new_tokens"]))]
     return {"benchmarks": largest["benchmarks"], "average": largest["average"], "by_budget": by_budget,

@@ -73,6 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.checkpoint_every = 10
     c.eval_every = 0                              # 0: evaluate only at the end
+    c.eval_at_start = False                       # also evaluate the initial policy (step 0): before -> after
     c.keep_checkpoints = 2
     c.eval = ml_collections.ConfigDict(dict(greedy=True, num_samples=1, temperature=0.6, top_p=0.95,
                                             max_new_tokens=config_dict.placeholder(int), batch_size=64, seed=0))

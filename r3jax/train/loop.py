@@ -22,7 +22,7 @@ from r3jax import rewards
 from r3jax.data import iterator as data_iterator
 from r3jax.eval import benchmark, report
 from r3jax.rl import train_step
-from r3jax.train import checkpoint, logbook, plots, progress, rollouts
+from r3jax.train import checkpoint, logbook, plots, progress, rollouts, summary
 from r3jax.train import config as run_config
 from r3jax.train.setup import Run, SetupError
 
@@ -132,6 +132,10 @@ def train(run: Run, workdir: str) -> int:
     step_fn = None
     bar = progress.TrainProgress(total=c.steps, done=start)
     try:
+        if c.eval_at_start and run.benchmarks and start == 0 and not any(r["step"] == 0 for r in book.rows()):
+            evaluated = _evaluate(run, grader, workdir / "eval", 0)
+            book.write(0, evaluated)
+            bar.print_eval(0, evaluated)
         for step in range(start + 1, c.steps + 1):
             t0, compiled = time.perf_counter(), _COMPILES["count"]
             qids, loop.epoch = next(it)
@@ -181,7 +185,8 @@ def train(run: Run, workdir: str) -> int:
         if start < c.steps or not (workdir / "final").exists():
             _save_final(run, workdir)
         plots.draw(book.rows(), workdir / "plots")
-        print(f"Done: {c.steps} steps. Policy in {workdir / 'final'}, metrics in {book.path}.", flush=True)
+        print(f"Done: {c.steps} steps.", flush=True)
+        summary.print_summary(bar.console, book.rows(), workdir, final=workdir / "final", order=list(c.data.eval))
         return 0
     finally:
         bar.close()
