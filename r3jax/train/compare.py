@@ -31,14 +31,16 @@ import numpy as np
 from r3jax import jsonl
 from r3jax.train import summary
 
-# name -> train.py overrides. R³'s default SERR scope is "truncated"; r3-serr-failed is the other scope.
+# name -> train.py overrides. Every R³ variant but the last uses the spec's SERR scope, "truncated", whatever the
+# config says, so the ablations differ from `r3` in one mechanism; r3-serr-failed ranks every failed response.
+_R3 = ["--config.algorithm=r3", "--config.rl.r3.serr_scope=truncated"]
 VARIANTS = {
     "grpo": ["--config.algorithm=grpo"],
     "dapo": ["--config.algorithm=dapo"],
-    "r3": ["--config.algorithm=r3"],
-    "r3-no-ccr": ["--config.algorithm=r3", "--config.rl.r3.replay=False"],
-    "r3-no-isr": ["--config.algorithm=r3", "--config.rl.r3.reflection=False"],
-    "r3-no-serr": ["--config.algorithm=r3", "--config.rl.r3.ranking=False"],
+    "r3": _R3,
+    "r3-no-ccr": [*_R3, "--config.rl.r3.replay=False"],
+    "r3-no-isr": [*_R3, "--config.rl.r3.reflection=False"],
+    "r3-no-serr": [*_R3, "--config.rl.r3.ranking=False"],
     "r3-serr-failed": ["--config.algorithm=r3", "--config.rl.r3.serr_scope=failed"],
 }
 MECHANISMS = {"ccr_groups": "r3/ccr_groups", "isr_prompts": "r3/isr_prompts", "serr_scored": "r3/serr_scored",
