@@ -48,11 +48,11 @@ def test_results_and_length_sweep_from_rows():
     settings = {"num_samples": 2, "max_new_tokens": [16, 32], "pass_k": [1, 2]}
     out = report.results_from_samples(rows, settings, {"path": "m", "step": None})
     a32, a16 = out["by_budget"]["32"]["benchmarks"]["a"], out["by_budget"]["16"]["benchmarks"]["a"]
-    assert a32 == {"pass@1": 0.75, "pass@2": 1.0, "mean_response_tokens": 21.25, "truncation_rate": 0.25,
-                   "num_questions": 2, "num_samples": 2}
+    assert a32 == {"pass@1": 0.75, "pass@2": 1.0, "solve_none": 0.0, "mean_response_tokens": 21.25,
+                   "truncation_rate": 0.25, "num_questions": 2, "num_samples": 2}
     # at 16 tokens: q1's 30-token and q2's 20- and 25-token samples are cut there, wrong and truncated
-    assert a16 == {"pass@1": 0.25, "pass@2": 0.5, "mean_response_tokens": 14.5, "truncation_rate": 0.75,
-                   "num_questions": 2, "num_samples": 2}
+    assert a16 == {"pass@1": 0.25, "pass@2": 0.5, "solve_none": 0.5, "mean_response_tokens": 14.5,
+                   "truncation_rate": 0.75, "num_questions": 2, "num_samples": 2}
     assert out["benchmarks"] == out["by_budget"]["32"]["benchmarks"]
     assert out["average"]["pass@1"] == pytest.approx((0.75 + 0.5) / 2)
 
@@ -101,6 +101,7 @@ def recount(rows, ks, n):
     for r in rows:
         per.setdefault(r["uid"], []).append(r["correct"])
     return {**{f"pass@{k}": float(np.mean([passk.pass_at_k(n, sum(v), k) for v in per.values()])) for k in ks},
+            "solve_none": float(np.mean([sum(v) == 0 for v in per.values()])),
             "mean_response_tokens": float(np.mean([r["tokens"] for r in rows])),
             "truncation_rate": float(np.mean([r["truncated"] for r in rows])), "num_questions": len(per),
             "num_samples": n}
