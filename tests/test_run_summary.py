@@ -71,6 +71,10 @@ def test_aggregate_counts_steps_to_the_reference_accuracy():
     assert text.count("\n") == 4 and "| r3 | 53.3 ± 11.5 | 10 (2/3) |" in text
 
 
+def test_the_starting_policy_does_not_reach_the_reference():
+    assert compare.first_reaching([(0, 0.5), (10, 0.3), (20, 0.45)], 0.4) == 20
+
+
 def test_plan_names_workdirs_and_refuses_unknown_variants(tmp_path):
     jobs = compare.plan(["grpo", "r3-no-isr"], [0, 1], tmp_path, train_py="train.py", config="c.py", steps=2,
                         eval_every=1, extra=["--config.data.eval_limit=2"])

@@ -5,8 +5,8 @@ comparison resumes like a run does: finished runs are skipped, interrupted ones 
 checkpoint. Everything reported is read back from the runs' `metrics.jsonl`:
 
     final       held-out accuracy (`eval/avg/pass@1`) at the last step, mean ± sample std over seeds
-    to_ref      first evaluated step at which a run reaches the reference variant's mean final accuracy
-                (GRPO's by default): mean over the seeds that reach it, and how many did
+    to_ref      first evaluated step after 0 at which a run reaches the reference variant's mean final
+                accuracy (GRPO's by default): mean over the seeds that reach it, and how many did
     auc         area under the held-out accuracy curve divided by the steps (the mean accuracy over training)
     zero_adv    fraction of groups whose advantages are all zero after R³'s repairs (before, for baselines)
     tokens      mean response tokens of the training rollouts
@@ -129,7 +129,8 @@ def run_numbers(rows: list[dict]) -> dict:
 
 
 def first_reaching(curve: list[tuple[int, float]], target: float) -> int | None:
-    return next((step for step, acc in curve if acc >= target - 1e-9), None)
+    """The first evaluated step after step 0 at or above target (the starting policy does not count)."""
+    return next((step for step, acc in curve if step > 0 and acc >= target - 1e-9), None)
 
 
 def aggregate(per_run: dict[str, list[dict]], reference: str) -> dict:
