@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 from r3jax import model as rm  # noqa: E402
 from r3jax import rewards  # noqa: E402
 from r3jax.data import arith, prompts, toy  # noqa: E402
+from r3jax.data.problems import load_problems  # noqa: E402
 from r3jax.eval import benchmark  # noqa: E402
 from r3jax.rl import reflection  # noqa: E402
 from r3jax.rl.loss import make_optimizer  # noqa: E402
@@ -151,7 +152,7 @@ def main() -> None:
 
 
 def _problems(path: str) -> list[str]:
-    return [json.loads(line)["problem"] for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+    return [p.problem for p in load_problems(path)]
 
 
 def _git_commit() -> str | None:
