@@ -54,6 +54,15 @@ def parse_args(argv):
     p.add_argument("--pass_k", type=ints, default=None, help="default: 1, 2, 4, ... up to num_samples")
     p.add_argument("--batch_size", type=int, default=None, help="questions per sampler call (default by platform)")
     p.add_argument("--timeout_s", type=float, default=5.0, help="grading time limit per answer")
+    hosts = p.add_argument_group("several hosts (the same command on each; --output a folder they share)")
+    hosts.add_argument("--distributed", action="store_true", help="join the other hosts with jax.distributed, "
+                       "found by JAX's cluster detection (TPU VMs, SLURM, Open MPI)")
+    hosts.add_argument("--coordinator_address", default=None,
+                       help="HOST:PORT of process 0 (or JAX_COORDINATOR_ADDRESS)")
+    hosts.add_argument("--num_processes", type=int, default=None,
+                       help="processes in the run (or JAX_NUM_PROCESSES)")
+    hosts.add_argument("--process_id", type=int, default=None, help="this process's index (or JAX_PROCESS_ID)")
+    hosts.add_argument("--heartbeat_timeout_s", type=int, default=100, help="a process silent this long is dead")
     return p.parse_args(argv)
 
 
@@ -84,11 +93,17 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from r3jax import rewards
+    from r3jax import hosts, rewards
     from r3jax.data import problems as data_problems
     from r3jax.eval import benchmark, policy, report
     from r3jax.model import sharding
 
+    try:
+        hosts.initialize(args.coordinator_address, args.num_processes, args.process_id, auto=args.distributed,
+                         heartbeat_timeout_s=args.heartbeat_timeout_s)
+    except hosts.DistributedError as e:
+        fail(str(e))
+    main_process = hosts.is_main()
     output = pathlib.Path(args.output)
     mesh = sharding.make_mesh(data=1, fsdp=-1, tensor=1)
     try:
@@ -106,16 +121,18 @@ def main(argv=None) -> int:
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "limit": args.limit,
                 "batch_size": batch_size, "pass_k": pass_k, "model": loaded.identity}
     try:
-        report.check_settings(output, recorded)
+        report.check_settings(output, recorded, write=main_process)
     except report.ReportError as e:
         fail(str(e))
+    hosts.barrier("eval settings checked")  # the others read what process 0 found
 
     plans = {b.name: benchmark.plan(b, batch_size) for b in benches}
     expected = {(name, p.ordinal): len(p.questions) * args.num_samples for name, ps in plans.items() for p in ps}
-    done = report.completed_batches(output, expected)
+    done = report.completed_batches(output, expected, write=main_process)
+    hosts.barrier("eval resume point found")  # process 0 drops incomplete batches before anyone samples
     tok = loaded.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    console = Console()
+    console = Console(quiet=not main_process)
     total = sum(len(b.problems) for b in benches)
     finished = sum(len(p.questions) for name, ps in plans.items() for p in ps if (name, p.ordinal) in done)
     with rewards.GradingPool(timeout_s=args.timeout_s) as grader, Progress(
@@ -124,9 +141,10 @@ def main(argv=None) -> int:
         task = bar.add_task("eval", total=total, completed=finished, speed="")
         start, new_tokens = time.perf_counter(), 0
         for bench in benches:
-            def write(batch, samples, bench=bench):
+            def write(batch, samples, bench=bench):  # every process has every sample; process 0 writes
                 nonlocal new_tokens
-                report.append_samples(output, report.sample_rows(bench, batch, samples))
+                if main_process:
+                    report.append_samples(output, report.sample_rows(bench, batch, samples))
                 new_tokens += sum(s.tokens for s in samples)
                 bar.update(task, advance=len(batch.questions), description=bench.name,
                            speed=f"{new_tokens / (time.perf_counter() - start):,.0f} tok/s")
@@ -134,6 +152,9 @@ def main(argv=None) -> int:
             benchmark.run(loaded.model, bench, settings, tokenizer=tok, grader=grader, eos_ids=(tok.eos_token_id,),
                           pad_id=pad_id, valid_vocab=len(tok),
                           skip={o for (n, o) in done if n == bench.name}, on_batch=write)
+    hosts.barrier("eval samples written")
+    if not main_process:
+        return 0
     results = report.results_from_samples(report.read_samples(output), recorded, loaded.identity)
     import json
 

@@ -5,7 +5,9 @@
 
 Rerunning the same command with the same --workdir resumes from its latest checkpoint, exactly. Any config
 field can be overridden with --config.a.b=value. Bad settings, files or shapes fail before anything compiles,
-with one message naming the culprit and exit code 2. The work is done by `r3jax.train`; this file wires.
+with one message naming the culprit and exit code 2. On several hosts, run the same command on every host with
+--distributed (TPU VMs, SLURM) or --coordinator_address/--num_processes/--process_id (scripts/launch_*.py do
+it). The work is done by `r3jax.train`; this file wires.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from r3jax.train import config as run_config
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "arith.py")
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "a configs/*.py file with get_config()")
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics, plots and the final model go "
-                               "(default: runs/<config name>)")
+                               "(default: runs/<config name>); on several hosts, a folder they all share")
+# several hosts (one process each, the same command on all): r3jax.hosts.initialize
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "join the other hosts with jax.distributed, found by JAX's "
+                                 "cluster detection (TPU VMs, SLURM, Open MPI)")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (or JAX_COORDINATOR_ADDRESS)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the run (or JAX_NUM_PROCESSES)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index (or JAX_PROCESS_ID)")
+_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 100, "a process silent this long is dead: the others stop")
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -56,7 +65,14 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}; settings go in --config.a.b=value")
     # imported here so that `--help` and command-line errors never start JAX
+    from r3jax import hosts
     from r3jax.train import loop, setup
+
+    try:
+        hosts.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, auto=_DISTRIBUTED.value,
+                         heartbeat_timeout_s=_HEARTBEAT.value)
+    except hosts.DistributedError as e:
+        fail(str(e))
 
     logging.set_verbosity(logging.WARNING)  # Orbax reports every save at INFO
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 import jax
 import numpy as np
 
-from r3jax import rewards
+from r3jax import hosts, rewards
 from r3jax.data import problems as data_problems
 from r3jax.data import prompts
 from r3jax.eval import report
@@ -130,16 +130,21 @@ def run(model, bench: Benchmark, settings: EvalSettings, *, tokenizer, grader, e
 
 
 def _grade(bench: Benchmark, batch: Batch, rollout, settings: EvalSettings, tokenizer, grader) -> list[Sample]:
+    """Each host decodes and grades the rows its devices sampled; the graded records (not the arrays) are then
+    shared, so every process returns the batch's samples in row order."""
     n, keep = settings.num_samples, len(batch.questions) * settings.num_samples
-    tokens, lengths, truncated = (np.asarray(x)[:keep] for x in jax.device_get(
-        (rollout.tokens, rollout.lengths, rollout.truncated)))
+    rows, (tokens, lengths, truncated) = hosts.local_rows(rollout.tokens, rollout.lengths, rollout.truncated)
+    mine = rows < keep                                  # rows past `keep` repeat a question to fill the shape
+    rows, tokens, lengths, truncated = rows[mine], tokens[mine], lengths[mine], truncated[mine]
     texts = prompts.decode_responses(tokenizer, tokens, lengths, truncated)
-    questions = np.repeat(batch.questions, n)
+    questions = np.repeat(batch.questions, n)[rows]
     graded = rewards.grade_batch(texts, [bench.problems[q].answers for q in questions], num_tokens=lengths,
                                  grader=grader)
-    return [Sample(question=int(q), index=i % n, text=t, tokens=int(ln), truncated=bool(tr), correct=g.correct,
-                   reason=g.reason)
-            for i, (q, t, ln, tr, g) in enumerate(zip(questions, texts, lengths, truncated, graded, strict=True))]
+    local = [(int(r), dataclasses.asdict(Sample(question=int(q), index=int(r) % n, text=t, tokens=int(ln),
+                                                truncated=bool(tr), correct=g.correct, reason=g.reason)))
+             for r, q, t, ln, tr, g in zip(rows, questions, texts, lengths, truncated, graded, strict=True)]
+    by_row = dict(reversed(hosts.gather_objects(local)))  # a row held by several hosts: the first one's
+    return [Sample(**by_row[r]) for r in sorted(by_row)]
 
 
 def evaluate(model, benchmarks: list[Benchmark], settings: EvalSettings, *, tokenizer, grader, eos_ids,

@@ -21,8 +21,9 @@ class ReportError(ValueError):
     """The output folder cannot take this evaluation; the message names the differing setting."""
 
 
-def check_settings(folder: pathlib.Path, settings: dict) -> None:
-    """Writes settings.json into a new folder, or checks that an existing one holds the same settings."""
+def check_settings(folder: pathlib.Path, settings: dict, *, write: bool = True) -> None:
+    """Writes settings.json into a new folder (if `write`), or checks that an existing one holds the same
+    settings."""
     path = folder / "settings.json"
     if path.exists():
         saved = json.loads(path.read_text())
@@ -31,22 +32,25 @@ def check_settings(folder: pathlib.Path, settings: dict) -> None:
                 raise ReportError(f"--output {folder} holds results of other settings: {key} was "
                                   f"{saved.get(key)!r}, now {settings.get(key)!r}. Use another --output folder")
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2) + "\n")
+    if write:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def read_samples(folder: pathlib.Path) -> list[dict]:
     return jsonl.read(folder / "samples.jsonl")
 
 
-def completed_batches(folder: pathlib.Path, expected: dict[tuple[str, int], int]) -> set[tuple[str, int]]:
-    """(benchmark, batch) pairs whose rows are all in samples.jsonl; rows of other batches are removed."""
+def completed_batches(folder: pathlib.Path, expected: dict[tuple[str, int], int], *,
+                      write: bool = True) -> set[tuple[str, int]]:
+    """(benchmark, batch) pairs whose rows are all in samples.jsonl; rows of other batches are removed (if
+    `write`)."""
     rows = read_samples(folder)
     counts: dict[tuple[str, int], int] = {}
     for r in rows:
         counts[(r["benchmark"], r["batch"])] = counts.get((r["benchmark"], r["batch"]), 0) + 1
     done = {k for k, n in counts.items() if expected.get(k) == n}
-    if (folder / "samples.jsonl").exists():
+    if write and (folder / "samples.jsonl").exists():
         jsonl.rewrite(folder / "samples.jsonl", [r for r in rows if (r["benchmark"], r["batch"]) in done])
     return done
 

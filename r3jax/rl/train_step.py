@@ -219,18 +219,21 @@ def init_train_state(params, cfg: RLConfig, tx: optax.GradientTransformation, *,
     With a mesh, every array is placed by the sharding table (`state_shardings`), and the buffer gets
     num_questions rounded up to a multiple of the device count, so that it splits evenly along Q (the
     extra rows are never written)."""
-    buffer = None
-    if cfg.algorithm == "r3":
-        if mesh is not None:
-            num_questions = -(-num_questions // mesh.devices.size) * mesh.devices.size
-        buffer = replay.init_buffer(num_questions, cfg.max_response_tokens, slots_correct=cfg.r3.slots_correct,
-                                    slots_wrong=cfg.r3.slots_wrong)
-    params = jax.tree.map(jnp.copy, params)  # the step donates its state: the caller's model stays usable
-    state = TrainState(params=params, opt_state=tx.init(params), buffer=buffer, step=jnp.zeros((), jnp.int32),
-                       key=jax.random.key(seed), ref_params=jax.tree.map(jnp.copy, params) if cfg.beta > 0 else None)
-    if mesh is not None:
-        state = jax.device_put(state, state_shardings(state, tx, mesh))
-    return state
+    if cfg.algorithm == "r3" and mesh is not None:
+        num_questions = -(-num_questions // mesh.devices.size) * mesh.devices.size
+
+    def build(params):  # new buffers: the step donates its state, and the caller's model stays usable
+        buffer = None
+        if cfg.algorithm == "r3":
+            buffer = replay.init_buffer(num_questions, cfg.max_response_tokens, slots_correct=cfg.r3.slots_correct,
+                                        slots_wrong=cfg.r3.slots_wrong)
+        return TrainState(params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params), buffer=buffer,
+                          step=jnp.zeros((), jnp.int32), key=jax.random.key(seed),
+                          ref_params=jax.tree.map(jnp.copy, params) if cfg.beta > 0 else None)
+
+    # built by one program straight into its shardings: every host makes only its own shards
+    out = None if mesh is None else state_shardings(jax.eval_shape(build, params), tx, mesh)
+    return jax.jit(build, out_shardings=out)(params)
 
 
 def state_shardings(state: TrainState, tx: optax.GradientTransformation, mesh) -> TrainState:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from r3jax import hosts
 from r3jax.model import cache as kv_cache
 from r3jax.model import sharding
 from r3jax.model.qwen2 import Qwen2
@@ -97,7 +98,7 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
     mesh = nnx.merge(graphdef, params).mesh  # the mesh is static model metadata; merging copies nothing
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
-        prompt_tokens, prompt_mask = jax.device_put(prompt_tokens, batch), jax.device_put(prompt_mask, batch)
+        prompt_tokens, prompt_mask = hosts.put_rows(prompt_tokens, batch), hosts.put_rows(prompt_mask, batch)
     return _generate(graphdef, cfg, params, prompt_tokens, prompt_mask, key)
 
 

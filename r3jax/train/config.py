@@ -69,6 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.max_new_tokens = 256
     c.temperature = 1.0
     c.top_p = 1.0
+    c.sampling_chunk = 0                          # rollout rows decoded at once (0: all P·G rows in one call)
     c.steps = 10
     c.seed = 0
     c.checkpoint_every = 10
@@ -152,7 +153,7 @@ def check_values(c: ml_collections.ConfigDict) -> None:
     for name in positive:
         if not isinstance(get(c, name), int) or get(c, name) < 1:
             raise ConfigError(f"config field {name} must be a positive integer, got {get(c, name)!r}")
-    for name in ("checkpoint_every", "eval_every"):
+    for name in ("checkpoint_every", "eval_every", "sampling_chunk"):
         if get(c, name) < 0:
             raise ConfigError(f"config field {name} must be >= 0, got {get(c, name)!r}")
     if not c.temperature > 0:

@@ -23,11 +23,18 @@ def _number(value):
 
 
 class Logbook:
+    """`write(step, metrics)` and `rows()`. A reader (a multi-host run's processes other than 0, which compute
+    the same rows) keeps its rows in memory and writes nothing."""
+
     def __init__(self, workdir: str | os.PathLike, *, resume_step: int, wandb_config=None, run_config: dict | None
-                 = None):
+                 = None, writer: bool = True):
         self.workdir = pathlib.Path(workdir)
         self.path = self.workdir / "metrics.jsonl"
-        jsonl.rewrite(self.path, [r for r in jsonl.read(self.path) if r.get("step", 0) <= resume_step])
+        kept = [r for r in jsonl.read(self.path) if r.get("step", 0) <= resume_step]
+        self._rows = None if writer else kept
+        if not writer:
+            return
+        jsonl.rewrite(self.path, kept)
         from tensorboardX import SummaryWriter
 
         self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=resume_step + 1)
@@ -36,6 +43,9 @@ class Logbook:
     def write(self, step: int, metrics: dict) -> dict:
         """Appends one row (flushed to disk before returning) and returns it."""
         row = {"step": int(step), **{k: _number(v) for k, v in sorted(metrics.items())}}
+        if self._rows is not None:
+            self._rows.append(row)
+            return row
         jsonl.append(self.path, [row])
         for key, value in row.items():
             if key != "step" and value is not None:
@@ -45,9 +55,11 @@ class Logbook:
         return row
 
     def rows(self) -> list[dict]:
-        return jsonl.read(self.path)
+        return list(self._rows) if self._rows is not None else jsonl.read(self.path)
 
     def close(self) -> None:
+        if self._rows is not None:
+            return
         self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()

@@ -17,8 +17,8 @@ import time
 
 import jax
 
+from r3jax import hosts, rewards
 from r3jax import model as rm
-from r3jax import rewards
 from r3jax.data import iterator as data_iterator
 from r3jax.eval import benchmark, report
 from r3jax.rl import train_step
@@ -99,11 +99,13 @@ def _restore(run: Run, ckpt: checkpoint.Checkpointer, it, loop: LoopState) -> in
 def _evaluate(run: Run, grader, folder: pathlib.Path, step: int) -> dict:
     """Evaluates the current policy; its samples go to `DIR/eval/step_{step}.jsonl` (eval.py's row format)."""
     name = f"step_{step}.jsonl"
-    (folder / name).unlink(missing_ok=True)  # a resumed run evaluates this step again
+    if hosts.is_main():
+        (folder / name).unlink(missing_ok=True)  # a resumed run evaluates this step again
     model = rm.merge_params(run.graphdef, run.state.params)
 
-    def keep(bench, batch, samples):
-        report.append_samples(folder, report.sample_rows(bench, batch, samples), name)
+    def keep(bench, batch, samples):  # every process has every sample; process 0 writes them
+        if hosts.is_main():
+            report.append_samples(folder, report.sample_rows(bench, batch, samples), name)
 
     return benchmark.evaluate(model, run.benchmarks, run.eval_settings, tokenizer=run.tokenizer, grader=grader,
                               eos_ids=run.settings.eos_ids, pad_id=run.settings.pad_id, valid_vocab=run.rl.valid_vocab,
@@ -112,8 +114,9 @@ def _evaluate(run: Run, grader, folder: pathlib.Path, step: int) -> dict:
 
 def _save_final(run: Run, workdir: pathlib.Path) -> None:
     final = workdir / "final"
-    rm.save_pretrained(rm.merge_params(run.graphdef, run.state.params), final)
-    run.tokenizer.save_pretrained(final)
+    rm.save_pretrained(rm.merge_params(run.graphdef, run.state.params), final)  # every process gathers; 0 writes
+    if hosts.is_main():
+        run.tokenizer.save_pretrained(final)
 
 
 def train(run: Run, workdir: str) -> int:
@@ -124,13 +127,16 @@ def train(run: Run, workdir: str) -> int:
     loop = LoopState()
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=c.keep_checkpoints)
     start = _restore(run, ckpt, it, loop)
-    (workdir / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str) + "\n")
-    book = logbook.Logbook(workdir, resume_step=start, wandb_config=c.wandb.to_dict(), run_config=c.to_dict())
+    main = hosts.is_main()
+    if main:
+        (workdir / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str) + "\n")
+    book = logbook.Logbook(workdir, resume_step=start, wandb_config=c.wandb.to_dict(), run_config=c.to_dict(),
+                           writer=main)
     stop = StopRequest()
     stop.install()
     grader = rewards.GradingPool(c.grading.workers, timeout_s=c.grading.timeout_s)
     step_fn = None
-    bar = progress.TrainProgress(total=c.steps, done=start)
+    bar = progress.TrainProgress(total=c.steps, done=start, quiet=not main)
     try:
         if c.eval_at_start and run.benchmarks and start == 0 and not any(r["step"] == 0 for r in book.rows()):
             evaluated = _evaluate(run, grader, workdir / "eval", 0)
@@ -148,7 +154,7 @@ def train(run: Run, workdir: str) -> int:
             if step_fn is None:
                 step_fn = train_step.make_train_step(run.graphdef, run.rl, run.tx, run.state, got.batch, run.mesh)
             run.state, metrics = step_fn(run.state, got.batch)
-            metrics = jax.device_get(metrics)
+            metrics = jax.tree.map(hosts.fetch, metrics)
             t2 = time.perf_counter()
             if step > start + 2:  # a process compiles its programs in its first two steps; later is a recompile
                 loop.recompiles += _COMPILES["count"] - compiled
@@ -167,26 +173,32 @@ def train(run: Run, workdir: str) -> int:
             bar.update(step, row)
             if evaluated:
                 bar.print_eval(step, evaluated)
-                plots.draw(book.rows(), workdir / "plots")
+                if main:
+                    plots.draw(book.rows(), workdir / "plots")
             if loop.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
                 raise TrainingError(f"{loop.skipped_in_a_row} updates in a row (up to step {step}) had a non-finite "
                                     f"loss or gradient norm and were skipped; stopping. The last checkpoint is at "
                                     f"step {ckpt.latest_step()}: lower rl.learning_rate or check the data")
-            if step == c.steps or (c.checkpoint_every and step % c.checkpoint_every == 0) or stop.signal:
+            stopping = hosts.any_process(stop.signal is not None)  # a signal on one host stops every host
+            if step == c.steps or (c.checkpoint_every and step % c.checkpoint_every == 0) or stopping:
                 ckpt.save(step, run.state, _checkpoint_payload(run, it, loop))
-            if stop.signal and step < c.steps:
+            if stopping and step < c.steps:
                 ckpt.wait()
                 bar.close()
-                print(f"Stopped at step {step} of {c.steps} on {signal.Signals(stop.signal).name}; checkpoint "
-                      f"saved in {ckpt.directory}. Resume with the same command (same --workdir).", flush=True)
+                why = signal.Signals(stop.signal).name if stop.signal else "another process's signal"
+                if main:
+                    print(f"Stopped at step {step} of {c.steps} on {why}; checkpoint saved in {ckpt.directory}. "
+                          "Resume with the same command (same --workdir).", flush=True)
                 return 0
         ckpt.wait()
         bar.close()
-        if start < c.steps or not (workdir / "final").exists():
+        if start < c.steps or not hosts.all_processes((workdir / "final").exists()):
             _save_final(run, workdir)
-        plots.draw(book.rows(), workdir / "plots")
-        print(f"Done: {c.steps} steps.", flush=True)
-        summary.print_summary(bar.console, book.rows(), workdir, final=workdir / "final", order=list(c.data.eval))
+        if main:
+            plots.draw(book.rows(), workdir / "plots")
+            print(f"Done: {c.steps} steps.", flush=True)
+            summary.print_summary(bar.console, book.rows(), workdir, final=workdir / "final",
+                                  order=list(c.data.eval))
         return 0
     finally:
         bar.close()

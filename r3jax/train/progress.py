@@ -17,8 +17,11 @@ def _fmt(row: dict, key: str, spec: str) -> str:
 
 
 class TrainProgress:
-    def __init__(self, *, total: int, done: int):
-        self.console = Console()
+    """quiet: show nothing (a multi-host run's processes other than 0)."""
+
+    def __init__(self, *, total: int, done: int, quiet: bool = False):
+        self.console = Console(quiet=quiet)
+        self._quiet = quiet
         self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TextColumn("eta"),
                                   TimeRemainingColumn(), console=self.console, transient=False)
@@ -32,7 +35,7 @@ class TrainProgress:
                  f"zero-adv {_fmt(row, 'r3/zero_adv_frac_after', '.2f')}  "
                  f"{_fmt(row, 'tokens_per_s', ',.0f')} tok/s")
         self._progress.update(self._task, completed=step, stats=stats)
-        if not self.console.is_terminal:
+        if not self.console.is_terminal and not self._quiet:
             task = self._progress.tasks[0]
             eta = "-" if task.time_remaining is None else f"{task.time_remaining:.0f}s"
             print(f"step {step}/{task.total}  {stats}  eta {eta}", flush=True)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from r3jax import rewards
+from r3jax import hosts, rewards
 from r3jax.data import prompts
 from r3jax.rl import batch as rl_batch
 from r3jax.rl import dapo, reflection
@@ -69,6 +69,7 @@ class RolloutSettings:
     reflection_prompts: int      # M fixed extra slots (0 without ISR)
     reflection_width: int        # their prompt width
     template: reflection.ReflectionTemplate | None
+    sampling_chunk: int = 0      # rows per sampler call (0: all rows in one call)
 
 
 def prompt_width(bank: QuestionBank, settings: RolloutSettings) -> int:
@@ -94,10 +95,36 @@ def _reflection_batch(buffer, qids, question_tokens, question_mask, epoch, key, 
 @dataclasses.dataclass
 class StepRollouts:
     batch: rl_batch.RolloutBatch
-    texts: list[str]
-    sample_s: float
-    grade_s: float
+    texts: list[str]             # the responses this host graded (all of them with one process)
+    sample_s: float              # time not spent grading: prompts, sampling (what grading did not hide)
+    grade_s: float               # time this host spent decoding and grading
     generated_tokens: int
+
+
+def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLConfig):
+    """This process's rows of one sampled chunk, decoded and graded here; (correct, rewards) as global arrays
+    sharded like the chunk's rows (each host grades only the responses its devices hold)."""
+    rows, (tokens, lengths, truncated) = hosts.local_rows(part.tokens, part.lengths, part.truncated)
+    keep = rows_valid[rows]                                            # rows of unused slots are not graded
+    texts = prompts.decode_responses(tokenizer, tokens[keep], lengths[keep], truncated[keep])
+    answers = [bank.problems[q].answers for q in rows_qids[rows][keep]]
+    graded = rewards.grade_batch(texts, answers, num_tokens=lengths[keep], grader=grader,
+                                 max_length=cfg.max_length_reward)
+    correct, reward = np.zeros(len(rows), bool), np.zeros(len(rows), np.float32)
+    correct[keep] = [r.correct for r in graded]
+    reward[keep] = [r.reward for r in graded]
+    return hosts.from_local_rows(part.lengths, correct), hosts.from_local_rows(part.lengths, reward), texts
+
+
+def chunk_prompts(num_prompts: int, num_samples: int, sampling_chunk: int) -> int:
+    """Prompts per sampler call: `sampling_chunk` rows (0: all) are that many prompts' G samples each."""
+    if not sampling_chunk:
+        return num_prompts
+    if sampling_chunk % num_samples or (num_prompts * num_samples) % sampling_chunk:
+        raise ValueError(f"sampling_chunk {sampling_chunk} must be a multiple of samples_per_prompt G = "
+                         f"{num_samples} that divides the {num_prompts * num_samples} rows sampled per step "
+                         f"({num_prompts} prompts x G)")
+    return sampling_chunk // num_samples
 
 
 def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoch: int, *, cfg: RLConfig,
@@ -106,7 +133,9 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     """Steps 1-3 of one iteration: prompts (plain + reflection slots), G samples each, grades, one batch.
 
     `qids` may hold more questions than `num_groups` (DAPO's over-sampling); `dapo.filter_groups` then keeps
-    `num_groups` plain groups."""
+    `num_groups` plain groups. Prompts are sampled `settings.sampling_chunk` rows at a time (chunk c with
+    `fold_in(sample_key, c)` when there are several); the host grades chunk c while the devices sample c + 1.
+    On several hosts, each decodes and grades only the rows its own devices sampled."""
     start = time.perf_counter()
     width = prompt_width(bank, settings)
     tokens, mask = _left_pad(bank.prompt_tokens[qids], bank.prompt_mask[qids], width, settings.pad_id)
@@ -115,30 +144,41 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     if settings.reflection_prompts:
         refl = _reflection_batch(buffer, jnp.asarray(qids), bank.question_tokens[qids], bank.question_mask[qids],
                                  epoch, reflection_key, cfg=cfg, settings=settings)
-        r_tokens, r_mask = _left_pad(np.asarray(refl.tokens), np.asarray(refl.mask), width, settings.pad_id)
+        refl = jax.tree.map(hosts.fetch, refl)  # a few rows, the same on every host
+        r_tokens, r_mask = _left_pad(refl.tokens, refl.mask, width, settings.pad_id)
         tokens, mask = np.concatenate([tokens, r_tokens]), np.concatenate([mask, r_mask])
-        all_qids = np.concatenate([qids, np.asarray(refl.qids)])
-        group_valid = np.concatenate([group_valid, np.asarray(refl.valid)])
+        all_qids = np.concatenate([qids, refl.qids])
+        group_valid = np.concatenate([group_valid, refl.valid])
         is_reflection = np.concatenate([is_reflection, np.ones(settings.reflection_prompts, bool)])
-    rollout = generate((graphdef, params), tokens, mask, sample_key, max_new_tokens=settings.max_new_tokens,
-                       temperature=settings.temperature, top_p=settings.top_p, eos_ids=settings.eos_ids,
-                       num_samples=settings.num_samples, valid_vocab=settings.valid_vocab, pad_id=settings.pad_id)
-    host = jax.device_get(rollout)
-    sampled = time.perf_counter()
 
     g = settings.num_samples
-    rows = np.repeat(group_valid, g)                                   # rows of unused slots are not graded
-    texts = prompts.decode_responses(tokenizer, host.tokens[rows], host.lengths[rows], host.truncated[rows])
-    answers = [bank.problems[q].answers for q in np.repeat(all_qids, g)[rows]]
-    graded = rewards.grade_batch(texts, answers, num_tokens=host.lengths[rows], grader=grader,
-                                 max_length=cfg.max_length_reward)
-    correct, reward = np.zeros(len(rows), bool), np.zeros(len(rows), np.float32)
-    correct[rows] = [r.correct for r in graded]
-    reward[rows] = [r.reward for r in graded]
+    per_call = chunk_prompts(len(all_qids), g, settings.sampling_chunk)
+    calls = range(0, len(all_qids), per_call)
+    parts = [generate((graphdef, params), tokens[i:i + per_call], mask[i:i + per_call],
+                      sample_key if len(calls) == 1 else jax.random.fold_in(sample_key, c),
+                      max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
+                      eos_ids=settings.eos_ids, num_samples=g, valid_vocab=settings.valid_vocab,
+                      pad_id=settings.pad_id)
+             for c, i in enumerate(calls)]                                    # dispatched, not yet done
+    rows_qids, rows_valid = np.repeat(all_qids, g), np.repeat(group_valid, g)
+    graded, texts, grade_s = [], [], 0.0
+    for i, part in zip(calls, parts, strict=True):
+        jax.block_until_ready(part.lengths)
+        t = time.perf_counter()
+        rows = slice(i * g, (i + per_call) * g)
+        correct, reward, part_texts = _grade_rows(part, rows_qids[rows], rows_valid[rows], bank, tokenizer,
+                                                  grader, cfg)
+        graded.append((correct, reward))
+        texts.extend(part_texts)
+        grade_s += time.perf_counter() - t
+    rollout = parts[0] if len(parts) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+    correct, reward = ((graded[0][k] if len(graded) == 1 else jnp.concatenate([p[k] for p in graded]))
+                       for k in (0, 1))
+    sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(rows_valid), rollout.lengths, 0)))
     batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens, prompt_mask=mask,
                                   correct=correct, rewards=reward, group_valid=group_valid,
                                   is_reflection=is_reflection)
     if cfg.dynamic_sampling:
         batch = dapo.filter_groups(batch, num_groups)
-    return StepRollouts(batch=batch, texts=texts, sample_s=sampled - start, grade_s=time.perf_counter() - sampled,
-                        generated_tokens=int(host.lengths[rows].sum()))
+    return StepRollouts(batch=batch, texts=texts, sample_s=time.perf_counter() - start - grade_s, grade_s=grade_s,
+                        generated_tokens=int(sampled_tokens))

@@ -153,6 +153,12 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
     _check_batch_fits(c, mesh, questions + slots, f"P = {questions} sampled questions + {slots} reflection slots")
     if rl.dynamic_sampling:
         _check_batch_fits(c, mesh, c.prompts_per_step, f"P = {c.prompts_per_step} groups kept by dynamic sampling")
+    try:
+        per_call = rollouts.chunk_prompts(questions + slots, c.samples_per_prompt, c.sampling_chunk)
+    except ValueError as e:
+        raise SetupError(f"sampling_chunk: {e}") from e
+    if per_call < questions + slots:
+        _check_batch_fits(c, mesh, per_call, f"sampling_chunk = {c.sampling_chunk} rows = {per_call} prompts")
     benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
     graphdef, params = rm.split_params(_load_model(c, model_cfg, mesh))
     tx = train_step.optimizer(rl)
@@ -176,7 +182,7 @@ def _rollout_settings(c, rl: RLConfig, tokenizer, bank) -> rollouts.RolloutSetti
     return rollouts.RolloutSettings(
         num_samples=c.samples_per_prompt, max_new_tokens=rl.max_response_tokens, temperature=rl.temperature,
         top_p=c.top_p, eos_ids=(tokenizer.eos_token_id,), pad_id=pad_id, valid_vocab=rl.valid_vocab,
-        reflection_prompts=slots, reflection_width=width, template=template)
+        reflection_prompts=slots, reflection_width=width, template=template, sampling_chunk=c.sampling_chunk)
 
 
 def _load_benchmark(name, path, tokenizer, c):
