@@ -1,0 +1,78 @@
+"""`sampling_chunk`: a step's rollouts sampled a few rows at a time, graded chunk by chunk, one batch out.
+
+Whatever the chunking, every row's verdict must be the grade of that row's own response against its own
+question's answers (a misaligned chunk would credit one response with another's grade). A random tiny model
+answers nothing right, so the grader here is a stand-in whose verdict and reward depend on the text and the
+answer: any row mixed up with another shows.
+"""
+
+import dataclasses
+import pathlib
+import runpy
+
+import jax
+import numpy as np
+import pytest
+
+from r3jax import rewards
+from r3jax.data import prompts
+from r3jax.train import rollouts, setup
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def tiny():
+    return runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+
+
+@pytest.fixture(scope="module")
+def run():
+    return setup.prepare(tiny())
+
+
+def fake_grade(texts, answers, **_):
+    return [rewards.GradeResult(correct=len(t) % 2 == 0, reward=float(len(t) + 100 * len(str(a))), reason="fake")
+            for t, a in zip(texts, answers, strict=True)]
+
+
+def step_batch(run, chunk, monkeypatch):
+    monkeypatch.setattr(rollouts.rewards, "grade_batch", fake_grade)
+    settings = dataclasses.replace(run.settings, sampling_chunk=chunk)
+    qids = np.arange(run.questions_per_step)
+    with rewards.GradingPool(1, timeout_s=2.0) as grader:
+        return rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, 1, cfg=run.rl,
+                                settings=settings, num_groups=run.config.prompts_per_step,
+                                sample_key=jax.random.key(3), reflection_key=jax.random.key(4),
+                                tokenizer=run.tokenizer, grader=grader)
+
+
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_each_row_carries_the_grade_of_its_own_response(run, chunk, monkeypatch):
+    got = step_batch(run, chunk, monkeypatch)
+    b = got.batch
+    valid = np.asarray(b.group_valid)
+    tokens, lengths = np.asarray(b.tokens)[valid], np.asarray(b.lengths)[valid]
+    truncated = np.asarray(b.truncated)[valid]
+    g = tokens.shape[1]
+    texts = prompts.decode_responses(run.tokenizer, tokens.reshape(-1, tokens.shape[-1]), lengths.reshape(-1),
+                                     truncated.reshape(-1))
+    answers = [run.bank.problems[q].answers for q in np.repeat(np.asarray(b.qids)[valid], g)]
+    expected = fake_grade(texts, answers)
+    assert 0 < sum(r.correct for r in expected) < len(expected)
+    np.testing.assert_array_equal(np.asarray(b.correct)[valid].reshape(-1), [r.correct for r in expected])
+    np.testing.assert_allclose(np.asarray(b.rewards)[valid].reshape(-1), [r.reward for r in expected])
+    assert got.generated_tokens == int(lengths.sum())
+
+
+def test_chunks_keep_the_batch_shape(run, monkeypatch):
+    whole, chunked = step_batch(run, 0, monkeypatch).batch, step_batch(run, 8, monkeypatch).batch
+    for a, b in zip(whole.__dict__.values(), chunked.__dict__.values(), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+
+
+@pytest.mark.parametrize("chunk", [6, 12])
+def test_a_chunk_that_does_not_cut_whole_groups_evenly_is_refused(chunk):
+    c = tiny()
+    c.sampling_chunk = chunk  # G = 4: 6 splits a group; 12 does not divide the 32 rows
+    with pytest.raises(setup.SetupError, match="sampling_chunk"):
+        setup.prepare(c)
