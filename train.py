@@ -77,6 +77,9 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # Orbax reports every save at INFO
 
     config = _CONFIG.value
+    if _WORKDIR.value and "://" in _WORKDIR.value:
+        fail(f"--workdir {_WORKDIR.value!r}: URLs are not supported; mount the bucket (e.g. gcsfuse, as "
+             "scripts/launch_tpu_pod.py does) and give its path")
     workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(config_path(sys.argv)))[0])
     try:
         run = setup.prepare(config)

@@ -180,13 +180,42 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def any_process(flag: bool) -> bool:
-    """Whether `flag` holds on any process (each process passes its own); the same answer everywhere."""
+def processes_where(flag: bool) -> list[int]:
+    """The indices of the processes where `flag` holds (each process passes its own); the same everywhere."""
     if jax.process_count() == 1:
-        return bool(flag)
+        return [0] if flag else []
     from jax.experimental import multihost_utils
 
-    return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], bool))))
+    return [int(i) for i in np.flatnonzero(multihost_utils.process_allgather(np.asarray([flag], bool)))]
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` holds on any process (each process passes its own); the same answer everywhere."""
+    return bool(processes_where(flag))
+
+
+def check_shared_folder(path, what: str) -> None:
+    """Raises DistributedError on every process unless all of them see the same folder at `path` (a file
+    process 0 writes there must be visible to each): checkpoints written to host-local folders would not
+    restore."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    token = multihost_utils.broadcast_one_to_all(np.asarray(int.from_bytes(os.urandom(4), "little"), np.int64))
+    marker = os.path.join(os.fspath(path), f".shared-by-all-hosts-{int(token)}")
+    if is_main():
+        with open(marker, "w"):
+            pass
+    barrier("shared folder: marker written")
+    blind = processes_where(not os.path.exists(marker))
+    barrier("shared folder: marker checked")
+    if is_main():
+        os.remove(marker)
+    if blind:
+        raise DistributedError(f"{what} {os.fspath(path)!r} is not one folder shared by all hosts: process(es) "
+                               f"{', '.join(map(str, blind))} cannot see what process 0 writes there. Use a shared "
+                               "filesystem (NFS, a gcsfuse-mounted bucket) that every host mounts at the same path")
 
 
 def all_processes(flag: bool) -> bool:

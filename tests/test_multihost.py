@@ -42,12 +42,14 @@ def env(tmp_path_factory):
 
 
 def start_pair(env, command, log_prefix, *, heartbeat=100):
-    """Processes 0 and 1 of a two-host run of `command`, 4 CPU devices each; output in LOG_PREFIX.{i}.log."""
+    """Processes 0 and 1 of a two-host run of `command` (or `command(i)`), 4 CPU devices each; output in
+    LOG_PREFIX.{i}.log."""
     port, procs = free_port(), []
     for i in range(2):
         log = open(f"{log_prefix}.{i}.log", "w+")  # noqa: SIM115  (closed by finish)
+        argv = command(i) if callable(command) else command
         proc = subprocess.Popen(
-            [*command, f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
+            [*argv, f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
              f"--heartbeat_timeout_s={heartbeat}"],
             env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, stdout=log,
             stderr=subprocess.STDOUT, text=True)
@@ -174,3 +176,16 @@ def test_half_a_distributed_setting_is_refused_before_jax_starts(env, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--coordinator_address" in done.stderr and "--process_id" in done.stderr, done.stderr
+
+
+def test_a_workdir_that_is_not_shared_is_refused_by_every_process(env, tmp_path):
+    procs = start_pair(env, lambda i: [*TRAIN, "--workdir", str(tmp_path / f"host{i}"), *RUN], tmp_path / "run")
+    for code, out in finish(procs, timeout=300):
+        assert code == 2, out[-2000:]
+        assert "is not one folder shared by all hosts: process(es) 1 cannot see" in out, out[-2000:]
+
+
+def test_a_url_workdir_is_refused(env, tmp_path):
+    done = subprocess.run([*TRAIN, "--workdir", "gs://bucket/run"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "URLs are not supported" in done.stderr, done.stderr

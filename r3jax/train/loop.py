@@ -123,6 +123,10 @@ def train(run: Run, workdir: str) -> int:
     """Runs (or resumes) until `steps` optimizer updates; returns the process exit code."""
     c, workdir = run.config, pathlib.Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        hosts.check_shared_folder(workdir, "--workdir")
+    except hosts.DistributedError as e:
+        raise SetupError(str(e)) from e
     it = data_iterator.QuestionIterator(len(run.bank.problems), run.questions_per_step, seed=c.seed)
     loop = LoopState()
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=c.keep_checkpoints)
