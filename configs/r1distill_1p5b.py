@@ -4,7 +4,8 @@
         --config.model.path=/models/DeepSeek-R1-Distill-Qwen-1.5B --config.data.train=/data/deepscaler.json
 
 Baselines: `--config.algorithm=grpo` or `dapo`; ablations: `--config.rl.r3.replay=False` (no CCR),
-`.reflection=False` (no ISR), `.ranking=False` (no SERR). Evaluation sets are read from $R3JAX_DATA
+`.reflection=False` (no ISR), `.ranking=False` (no SERR); each keeps 16 loss rows per micro-batch
+(`micro_batch_rows`), whatever its row count. Evaluation sets are read from $R3JAX_DATA
 (default `data/`), in rllm's layout: test/{aime,amc,math,minerva,olympiad_bench}.json.
 """
 
@@ -23,7 +24,7 @@ def get_config():
     c.model.path = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"  # a local folder, or fetched when the hub is reachable
     c.model.dtype = "float32"              # fp32 master weights and Adam moments (~28 GB sharded over the mesh)
     c.model.compute_dtype = "bfloat16"
-    c.model.remat = "full"
+    c.model.remat = "full"                 # per-layer: the backward recomputes each layer from its input
     c.data.train = "agentica-org/DeepScaleR-Preview-Dataset"  # or a local copy of its JSON
     c.data.eval = ml_collections.ConfigDict({
         name: os.path.join(DATA, "test", f"{file}.json")
@@ -40,7 +41,19 @@ def get_config():
     c.eval_every = 50
     c.keep_checkpoints = 3
     c.rl.learning_rate = 1e-6
-    c.rl.num_micro_batches = 16            # (128 + 8 reflection slots) x (8 + 2 replayed) = 1360 rows
+    # Fits a v5e-32 slice (32 chips x 16 GiB) with >= 15% headroom; plans for other slices in docs/SCALING.md
+    # (`scripts/memory_plan.py` regenerates them). KV heads K = 2 set the tensor axis to 2; the rest is FSDP.
+    c.mesh.data = 1
+    c.mesh.fsdp = 16
+    c.mesh.tensor = 2
+    # The loss has (128 + 8 reflection slots) x (8 + 2 replayed) = 1360 rows of 9216 tokens: 85 micro-batches
+    # of 16 rows, one row per data x fsdp shard (a micro-batch the batch axes do not divide runs replicated),
+    # whose [heads, 9216, 9216] fp32 attention scores dominate the step's memory. (GRPO: 1024 rows, 64.)
+    c.micro_batch_rows = 16
+    c.rl.chunk_size = 512                  # head tokens per chunk: [rows, 512, V/2] fp32 logits at a time
+    # Rows per sampler call: 32 prompts x 8 = 2 prompts per batch shard (a chunk's prompts must split over the
+    # 16 data x fsdp shards, or its prefill runs replicated); the 1088 rows take 5 calls, the last one padded.
+    c.sampling_chunk = 256
     c.eval.greedy = False                  # DeepScaleR's protocol: T 0.6, top-p 0.95 (eval.py averages 16)
     c.eval.num_samples = 1
     c.eval.batch_size = 128

@@ -146,7 +146,8 @@ def test_evaluation_samples_are_those_of_one_process(one_process, two_processes)
 
 
 def test_eval_py_on_two_processes_writes_what_one_process_writes(env, one_process, tmp_path):
-    args = ["--model", str(one_process / "final"), "--data", str(REPO / "configs" / "tiny" / "eval.jsonl"),
+    # --model: a train.py workdir, whose checkpoint every process reads its shards of
+    args = ["--model", str(one_process), "--data", str(REPO / "configs" / "tiny" / "eval.jsonl"),
             "--limit", "6", "--num_samples", "2", "--max_new_tokens", "12", "--batch_size", "8", "--timeout_s", "2"]
     single = subprocess.run([*EVAL, *args, "--output", str(tmp_path / "one")], env=env, capture_output=True,
                             text=True, timeout=600)

@@ -46,7 +46,7 @@ def step_batch(run, chunk, monkeypatch):
                                 tokenizer=run.tokenizer, grader=grader)
 
 
-@pytest.mark.parametrize("chunk", [0, 8])
+@pytest.mark.parametrize("chunk", [0, 8, 24])  # 24 rows = 6 prompts: calls of 6 and 2 (padded to 6)
 def test_each_row_carries_the_grade_of_its_own_response(run, chunk, monkeypatch):
     got = step_batch(run, chunk, monkeypatch)
     b = got.batch
@@ -65,14 +65,16 @@ def test_each_row_carries_the_grade_of_its_own_response(run, chunk, monkeypatch)
 
 
 def test_chunks_keep_the_batch_shape(run, monkeypatch):
-    whole, chunked = step_batch(run, 0, monkeypatch).batch, step_batch(run, 8, monkeypatch).batch
-    for a, b in zip(whole.__dict__.values(), chunked.__dict__.values(), strict=True):
-        assert a.shape == b.shape and a.dtype == b.dtype
+    whole = step_batch(run, 0, monkeypatch).batch
+    for chunk in (8, 24):
+        chunked = step_batch(run, chunk, monkeypatch).batch
+        for a, b in zip(whole.__dict__.values(), chunked.__dict__.values(), strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
 
 
 @pytest.mark.parametrize("chunk", [6, 12])
-def test_a_chunk_that_does_not_cut_whole_groups_evenly_is_refused(chunk):
+def test_a_chunk_of_part_groups_or_of_rows_the_devices_do_not_split_is_refused(chunk):
     c = tiny()
-    c.sampling_chunk = chunk  # G = 4: 6 splits a group; 12 does not divide the 32 rows
+    c.sampling_chunk = chunk  # G = 4: 6 rows split a group; 12 rows do not split over the 8 devices
     with pytest.raises(setup.SetupError, match="sampling_chunk"):
         setup.prepare(c)

@@ -83,3 +83,23 @@ def test_the_paper_config_builds_each_algorithm(name):
     groups = c.prompts_per_step + (rl.r3.max_reflection_prompts if rl.uses_reflection else 0)
     rows = groups * (c.samples_per_prompt + (rl.r3.replay_k if rl.uses_replay else 0))
     assert rows % rl.num_micro_batches == 0
+
+
+@pytest.mark.parametrize("name, updates", [("r3", 85), ("grpo", 64), ("dapo", 64)])
+def test_micro_batch_rows_keeps_the_rows_per_micro_batch_whatever_the_algorithm(name, updates):
+    c = runpy.run_path(str(REPO / "configs" / "r1distill_1p5b.py"))["get_config"]()
+    c.algorithm = name
+    assert run_config.rl_config(c, valid_vocab=151665).num_micro_batches == updates  # 1360 or 1024 rows / 16
+
+
+def test_micro_batches_that_do_not_split_the_loss_rows_are_refused_naming_the_field():
+    c = tiny()  # (4 + 4 slots) x (4 + 2 replayed) = 48 loss rows
+    c.micro_batch_rows = 10
+    with pytest.raises(run_config.ConfigError, match="micro_batch_rows = 10 does not divide .* = 48 rows"):
+        run_config.rl_config(c, valid_vocab=263)
+    c.micro_batch_rows, c.rl.num_micro_batches = 0, 5
+    with pytest.raises(run_config.ConfigError, match="rl.num_micro_batches = 5 does not divide"):
+        run_config.rl_config(c, valid_vocab=263)
+    c.micro_batch_rows = 12
+    with pytest.raises(run_config.ConfigError, match="both set"):
+        run_config.rl_config(c, valid_vocab=263)

@@ -110,7 +110,8 @@ class Qwen2(nnx.Module):
             index, kv = cache.index, (cache.k, cache.v)
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
         tables = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
-        x = jnp.take(self.embed_tokens[...], tokens_bt, axis=0).astype(self.dtype)
+        table = sharding.constrain(self.embed_tokens[...].astype(self.dtype), "emb_lookup_vd", self.mesh)
+        x = jnp.take(table, tokens_bt, axis=0)
         x = sharding.constrain(x, "act_btd", self.mesh)
         if layers is None:
             x, kv = self._scan_layers(x, tables, mask_bts, kv, index)

@@ -63,6 +63,11 @@ ACTIVATION_SPECS = {
     "act_btf": P(BATCH, None, "tensor"),
     "act_btv": P(BATCH, None, "tensor"),
     "act_bt": P(BATCH, None),
+    # The embedding table as the token lookup reads it: whole along fsdp (all-gathered, as FSDP does for
+    # every weight before use), vocabulary still split over tensor. Gathering rows straight out of the
+    # train layout, whose D is split over fsdp, gives rows split along D that XLA cannot reshard to
+    # batch-split activations except by replicating them ("Involuntary full rematerialization").
+    "emb_lookup_vd": P("tensor", None),
     "cache_lbksh": P(None, BATCH, "tensor", None, None),
     "cache_bs": P(BATCH, None),
     # RL state and batches: the replay buffer along its question axis Q over the whole mesh; rollout

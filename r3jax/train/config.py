@@ -70,6 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.temperature = 1.0
     c.top_p = 1.0
     c.sampling_chunk = 0                          # rollout rows decoded at once (0: all P·G rows in one call)
+    c.micro_batch_rows = 0                        # loss rows per micro-batch (0: rl.num_micro_batches decides)
     c.steps = 10
     c.seed = 0
     c.checkpoint_every = 10
@@ -136,10 +137,36 @@ def rl_config(c: ml_collections.ConfigDict, valid_vocab: int | None) -> algorith
     if "r3" in overrides:
         overrides["r3"] = dataclasses.asdict(algorithm.R3Config()) | overrides["r3"]
     try:
-        return algorithm.algorithm_config(c.algorithm, **overrides, temperature=c.temperature,
-                                          max_response_tokens=c.max_new_tokens, valid_vocab=valid_vocab)
+        rl = algorithm.algorithm_config(c.algorithm, **overrides, temperature=c.temperature,
+                                        max_response_tokens=c.max_new_tokens, valid_vocab=valid_vocab)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
+    return _micro_batches(c, rl)
+
+
+def loss_rows(c: ml_collections.ConfigDict, rl: algorithm.RLConfig) -> tuple[int, str]:
+    """The train step's rows per update and how they arise: (P + reflection slots) x (G + replayed)."""
+    slots = rl.r3.max_reflection_prompts if rl.uses_reflection else 0
+    k = rl.r3.replay_k if rl.uses_replay else 0
+    rows = (c.prompts_per_step + slots) * (c.samples_per_prompt + k)
+    return rows, f"(P {c.prompts_per_step} + {slots} reflection slots) x (G {c.samples_per_prompt} + {k} replayed)"
+
+
+def _micro_batches(c: ml_collections.ConfigDict, rl: algorithm.RLConfig) -> algorithm.RLConfig:
+    """`micro_batch_rows` sets rl.num_micro_batches from the loss's row count (so that an algorithm or an
+    ablation with another row count keeps the same memory per micro-batch); either way the rows must split."""
+    rows, how = loss_rows(c, rl)
+    if c.get("micro_batch_rows"):
+        if c.rl.num_micro_batches is not None:
+            raise ConfigError("config fields micro_batch_rows and rl.num_micro_batches are both set; set one")
+        if rows % c.micro_batch_rows:
+            raise ConfigError(f"config field micro_batch_rows = {c.micro_batch_rows} does not divide the loss's "
+                              f"{how} = {rows} rows")
+        return dataclasses.replace(rl, num_micro_batches=rows // c.micro_batch_rows)
+    if rows % rl.num_micro_batches:
+        raise ConfigError(f"config field rl.num_micro_batches = {rl.num_micro_batches} does not divide the loss's "
+                          f"{how} = {rows} rows (or set micro_batch_rows, rows per micro-batch)")
+    return rl
 
 
 def tokenizer_path(c: ml_collections.ConfigDict) -> str | None:
@@ -153,7 +180,7 @@ def check_values(c: ml_collections.ConfigDict) -> None:
     for name in positive:
         if not isinstance(get(c, name), int) or get(c, name) < 1:
             raise ConfigError(f"config field {name} must be a positive integer, got {get(c, name)!r}")
-    for name in ("checkpoint_every", "eval_every", "sampling_chunk"):
+    for name in ("checkpoint_every", "eval_every", "sampling_chunk", "micro_batch_rows"):
         if get(c, name) < 0:
             raise ConfigError(f"config field {name} must be >= 0, got {get(c, name)!r}")
     if not c.temperature > 0:

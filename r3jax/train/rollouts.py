@@ -117,14 +117,14 @@ def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLCon
 
 
 def chunk_prompts(num_prompts: int, num_samples: int, sampling_chunk: int) -> int:
-    """Prompts per sampler call: `sampling_chunk` rows (0: all) are that many prompts' G samples each."""
+    """Prompts per sampler call: `sampling_chunk` rows (0: all) are that many prompts' G samples each. The
+    last call of a step may be part-full: it is padded with copies of a prompt whose samples are dropped."""
     if not sampling_chunk:
         return num_prompts
-    if sampling_chunk % num_samples or (num_prompts * num_samples) % sampling_chunk:
+    if sampling_chunk % num_samples:
         raise ValueError(f"sampling_chunk {sampling_chunk} must be a multiple of samples_per_prompt G = "
-                         f"{num_samples} that divides the {num_prompts * num_samples} rows sampled per step "
-                         f"({num_prompts} prompts x G)")
-    return sampling_chunk // num_samples
+                         f"{num_samples} (a call samples whole groups)")
+    return min(sampling_chunk // num_samples, num_prompts)
 
 
 def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoch: int, *, cfg: RLConfig,
@@ -151,16 +151,19 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
         group_valid = np.concatenate([group_valid, refl.valid])
         is_reflection = np.concatenate([is_reflection, np.ones(settings.reflection_prompts, bool)])
 
-    g = settings.num_samples
-    per_call = chunk_prompts(len(all_qids), g, settings.sampling_chunk)
-    calls = range(0, len(all_qids), per_call)
+    g, n = settings.num_samples, len(all_qids)
+    per_call = chunk_prompts(n, g, settings.sampling_chunk)
+    calls = range(0, n, per_call)
+    extra = len(calls) * per_call - n                                   # the last call's padding prompts
+    tokens, mask = (np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) for x in (tokens, mask))
     parts = [generate((graphdef, params), tokens[i:i + per_call], mask[i:i + per_call],
                       sample_key if len(calls) == 1 else jax.random.fold_in(sample_key, c),
                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
                       eos_ids=settings.eos_ids, num_samples=g, valid_vocab=settings.valid_vocab,
                       pad_id=settings.pad_id)
              for c, i in enumerate(calls)]                                    # dispatched, not yet done
-    rows_qids, rows_valid = np.repeat(all_qids, g), np.repeat(group_valid, g)
+    rows_qids = np.repeat(np.pad(all_qids, (0, extra), mode="edge"), g)
+    rows_valid = np.repeat(np.pad(group_valid, (0, extra)), g)          # padding rows are not graded
     graded, texts, grade_s = [], [], 0.0
     for i, part in zip(calls, parts, strict=True):
         jax.block_until_ready(part.lengths)
@@ -175,7 +178,9 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     correct, reward = ((graded[0][k] if len(graded) == 1 else jnp.concatenate([p[k] for p in graded]))
                        for k in (0, 1))
     sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(rows_valid), rollout.lengths, 0)))
-    batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens, prompt_mask=mask,
+    if extra:
+        rollout, correct, reward = jax.tree.map(lambda x: x[:n * g], (rollout, correct, reward))
+    batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens[:n], prompt_mask=mask[:n],
                                   correct=correct, rewards=reward, group_valid=group_valid,
                                   is_reflection=is_reflection)
     if cfg.dynamic_sampling:

@@ -1,0 +1,107 @@
+"""Memory plans on the 8 fake CPU devices: the same compile path as a TPU plan, at tiny shapes."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from r3jax import model as rm
+from r3jax.train import memory_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS = ("program", "topology", "peak_bytes_per_device", "hbm_bytes_per_device", "flops", "argument_bytes",
+          "output_bytes", "temp_bytes", "alias_bytes", "headroom", "mesh", "settings")
+
+
+def tiny_config(**changes):
+    spec = importlib.util.spec_from_file_location("tiny_config", os.path.join(ROOT, "configs", "tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    for name, value in changes.items():
+        *parents, leaf = name.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def model_config(c):
+    return rm.tiny(**c.model.init_overrides.to_dict())
+
+
+def make_plan(c, programs):
+    devs, chip = memory_plan.devices("cpu")
+    return memory_plan.plan(c, model_config(c), devs, chip, topology="cpu", prompt_tokens=16, num_questions=16,
+                            programs=programs)
+
+
+@pytest.fixture(scope="module")
+def records():
+    return {r["program"]: r for r in make_plan(tiny_config(), ("train_step", "sampler"))}
+
+
+def test_records_have_every_field_and_peak_is_their_sum(records):
+    for rec in records.values():
+        assert all(k in rec for k in FIELDS), sorted(set(FIELDS) - set(rec))
+        assert rec["devices"] == 8 and rec["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+        assert rec["peak_bytes_per_device"] == (rec["argument_bytes"] + rec["output_bytes"] - rec["alias_bytes"]
+                                                + rec["temp_bytes"] + rec["code_bytes"]) > 0
+        assert rec["flops"] > 0 and rec["compiler_flops_per_device"] > 0
+        assert rec["headroom"] == pytest.approx(1 - rec["peak_bytes_per_device"] / rec["hbm_bytes_per_device"],
+                                                abs=1e-4)
+
+
+def test_train_step_donates_its_state(records):
+    """The state comes back in place: the aliased bytes are the bulk of the output (params, Adam, buffer)."""
+    rec = records["train_step"]
+    assert rec["alias_bytes"] > 0.9 * rec["output_bytes"]
+    assert rec["loss_rows"] == (4 + 4) * (4 + 2)  # (P + reflection slots) x (G + k replayed)
+
+
+def test_sampler_chunk_needs_less_memory_than_all_rows():
+    """Decoding 8 of the step's 32 rows at a time needs less memory per device, and a quarter of the FLOPs.
+    (A 2-way batch axis: a chunk's prompts must split over it, or the prefill runs replicated.)"""
+    mesh = {"mesh.fsdp": 2, "mesh.tensor": 4}
+    (whole,) = make_plan(tiny_config(**mesh), ("sampler",))
+    (chunk,) = make_plan(tiny_config(sampling_chunk=8, **mesh), ("sampler",))
+    assert whole["rows"] == 32 and chunk["rows"] == 8 and chunk["calls_per_step"] == 4
+    assert chunk["peak_bytes_per_device"] < whole["peak_bytes_per_device"]
+    assert chunk["flops"] == pytest.approx(whole["flops"] / 4)
+
+
+def test_forward_flops_count_every_matmul_parameter_twice():
+    """At zero attended slots, F_fwd = 2 x (parameters - embedding table - norm scales - biases)."""
+    cfg = rm.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=3)
+    params = rm.split_params(rm.abstract_model(cfg))[1]
+    total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    skipped = sum(int(np.prod(x.shape)) for path, x in flat
+                  if any(getattr(k, "key", "") in ("embed_tokens", "scale", "q_bias", "k_bias", "v_bias")
+                         for k in path))
+    assert memory_plan.forward_flops_per_token(cfg, 0) == 2 * (total - skipped)
+
+
+def test_unknown_topology_is_refused():
+    with pytest.raises(ValueError, match="unknown topology"):
+        memory_plan.devices("v9:2x2")
+
+
+def test_cli_prints_one_json_line_per_program():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "memory_plan.py"), "--config", "configs/tiny.py",
+         "--topology", "cpu", "--programs", "sampler", "--prompt_tokens", "16", "--num_questions", "16",
+         "--config.sampling_chunk=16"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["program"] for r in lines] == ["sampler"]
+    assert lines[0]["settings"]["sampling_chunk"] == 16 and lines[0]["rows"] == 16
+    assert lines[0]["peak_bytes_per_device"] > 0 and lines[0]["devices"] == 8
