@@ -116,6 +116,17 @@ def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLCon
     return hosts.from_local_rows(part.lengths, correct), hosts.from_local_rows(part.lengths, reward), texts
 
 
+@functools.partial(jax.jit, static_argnames=("rows",))
+def _join(parts, graded, *, rows: int):
+    """The sampler calls' rollouts and verdicts as one batch of `rows` rows (the last call's padding dropped),
+    in one program: on XLA:CPU, several small programs with collectives in flight at once can deadlock."""
+    join = lambda *xs: jnp.concatenate(xs)[:rows]  # noqa: E731
+    return jax.tree.map(join, *parts), join(*(c for c, _ in graded)), join(*(r for _, r in graded))
+
+
+_filter_groups = jax.jit(dapo.filter_groups, static_argnums=1)  # one program (see `_join`)
+
+
 def chunk_prompts(num_prompts: int, num_samples: int, sampling_chunk: int) -> int:
     """Prompts per sampler call: `sampling_chunk` rows (0: all) are that many prompts' G samples each. The
     last call of a step may be part-full: it is padded with copies of a prompt whose samples are dropped."""
@@ -174,16 +185,12 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
         graded.append((correct, reward))
         texts.extend(part_texts)
         grade_s += time.perf_counter() - t
-    rollout = parts[0] if len(parts) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-    correct, reward = ((graded[0][k] if len(graded) == 1 else jnp.concatenate([p[k] for p in graded]))
-                       for k in (0, 1))
-    sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(rows_valid), rollout.lengths, 0)))
-    if extra:
-        rollout, correct, reward = jax.tree.map(lambda x: x[:n * g], (rollout, correct, reward))
+    rollout, correct, reward = _join(parts, graded, rows=n * g)
+    sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(rows_valid[:n * g]), rollout.lengths, 0)))
     batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens[:n], prompt_mask=mask[:n],
                                   correct=correct, rewards=reward, group_valid=group_valid,
                                   is_reflection=is_reflection)
     if cfg.dynamic_sampling:
-        batch = dapo.filter_groups(batch, num_groups)
+        batch = _filter_groups(batch, num_groups)
     return StepRollouts(batch=batch, texts=texts, sample_s=time.perf_counter() - start - grade_s, grade_s=grade_s,
                         generated_tokens=int(sampled_tokens))
