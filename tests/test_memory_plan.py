@@ -53,7 +53,7 @@ def test_records_have_every_field_and_peak_is_their_sum(records):
         assert rec["devices"] == 8 and rec["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
         assert rec["peak_bytes_per_device"] == (rec["argument_bytes"] + rec["output_bytes"] - rec["alias_bytes"]
                                                 + rec["temp_bytes"] + rec["code_bytes"]) > 0
-        assert rec["flops"] > 0 and rec["compiler_flops_per_device"] > 0
+        assert rec["flops"] > 0 and rec["compiler_flops_per_device"] > 0 and rec["fits"] is True
         assert rec["headroom"] == pytest.approx(1 - rec["peak_bytes_per_device"] / rec["hbm_bytes_per_device"],
                                                 abs=1e-4)
 
@@ -105,3 +105,14 @@ def test_cli_prints_one_json_line_per_program():
     assert [r["program"] for r in lines] == ["sampler"]
     assert lines[0]["settings"]["sampling_chunk"] == 16 and lines[0]["rows"] == 16
     assert lines[0]["peak_bytes_per_device"] > 0 and lines[0]["devices"] == 8
+
+
+def test_a_program_the_compiler_cannot_place_is_a_line_that_does_not_fit():
+    devs, chip = memory_plan.devices("cpu")
+    mesh = jax.sharding.Mesh(np.asarray(devs), ("fsdp",))
+    error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+                                       "for HLO temporaries (21.82G) exceeds available HBM (15.75G).")
+    rec = memory_plan.refused("train_step", error, topology="v5e:4x8", chip=chip, mesh=mesh, flops=1.0, settings={})
+    assert rec["fits"] is False and rec["peak_is_lower_bound"] is True
+    assert rec["peak_bytes_per_device"] == int(21.82 * 2**30) and rec["error"].startswith("RESOURCE_EXHAUSTED")
+    assert all(k in rec for k in ("program", "topology", "hbm_bytes_per_device", "flops"))

@@ -262,3 +262,15 @@ def test_replayed_rewards_get_the_same_overlong_shaping():
     replayed = np.asarray(groups.rewards[:, G:])[np.asarray(groups.valid[:, G:])]
     expected = 1.0 + (1.0 - T / cfg.max_length_reward) - 1.0  # correct, length T: full overlong penalty -1
     np.testing.assert_allclose(replayed, expected, rtol=1e-6)
+
+
+def test_the_sharded_step_compiles_without_involuntary_rematerialization(capfd):
+    """The embedding lookup reads a table gathered along fsdp (`emb_lookup_vd`): looking rows up in the train
+    layout (D split over fsdp) made XLA replicate the activations to reshard them (its warning says so)."""
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    cfg, tx, graphdef, state = setup("r3", mesh)
+    batch = make_batch(MIXED)
+    placed = jax.device_put(batch, rl_batch.batch_shardings(batch, mesh))
+    capfd.readouterr()
+    train_step.make_train_step(graphdef, cfg, tx, state, placed, mesh).lower(state, placed).compile()
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err

@@ -22,8 +22,10 @@ sampler: prefill F_fwd on every prompt token, then one F_fwd per row per decode 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import re
 import time
 
 import jax
@@ -207,6 +209,7 @@ def record(program: str, compiled, *, topology: str, chip: Chip, mesh, flops: fl
         "mesh": {name: int(size) for name, size in mesh.shape.items()}, "settings": settings,
         "peak_bytes_per_device": int(peak), "hbm_bytes_per_device": int(chip.hbm_bytes),
         "peak_gib": round(peak / GiB, 3), "headroom": round(1.0 - peak / chip.hbm_bytes, 4),
+        "fits": bool(peak <= chip.hbm_bytes),
         "argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
         "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes),
         "code_bytes": int(mem.generated_code_size_in_bytes),
@@ -215,6 +218,21 @@ def record(program: str, compiled, *, topology: str, chip: Chip, mesh, flops: fl
         "seconds_at_peak": at_peak, "seconds_at_40pct_mfu": None if at_peak is None else at_peak / 0.4,
         "compile_s": round(compile_s, 1),
     }
+
+
+def refused(program: str, error: Exception, *, topology: str, chip: Chip, mesh, flops: float,
+            settings: dict) -> dict:
+    """The line of a program the compiler refused to place (RESOURCE_EXHAUSTED): it does not fit, and the
+    bytes the compiler says it needed are a lower bound on its peak."""
+    text = str(error)
+    sizes = [float(v) * {"K": 2**10, "M": 2**20, "G": 2**30}[u] for v, u in re.findall(r"\(([\d.]+)([KMG])\)", text)]
+    needed = int(sizes[0]) if sizes else None
+    return {"program": program, "topology": topology, "devices": int(mesh.devices.size),
+            "mesh": {name: int(size) for name, size in mesh.shape.items()}, "settings": settings,
+            "peak_bytes_per_device": needed, "peak_is_lower_bound": True, "hbm_bytes_per_device": int(chip.hbm_bytes),
+            "peak_gib": None if needed is None else round(needed / GiB, 3),
+            "headroom": None if needed is None else round(1.0 - needed / chip.hbm_bytes, 4), "fits": False,
+            "flops": float(flops), "error": text.strip().splitlines()[0][:500]}
 
 
 def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str, prompt_tokens: int = 1024,
@@ -231,11 +249,11 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
     for program in programs:
         start = time.perf_counter()
         if program == "train_step":
-            compiled = compile_train_step(c, rl, graphdef, params, s, mesh)
+            build = functools.partial(compile_train_step, c, rl, graphdef, params, s, mesh)
             extra, flops = {"loss_rows": s.loss_rows}, train_flops(c, model_cfg, s)
         elif program == "sampler":
             rows = sampler_rows(c, s)
-            compiled = compile_sampler(c, rl, model_cfg, graphdef, params, s, mesh)
+            build = functools.partial(compile_sampler, c, rl, model_cfg, graphdef, params, s, mesh)
             calls = -(-s.groups * s.samples // rows)
             per_step = decode_bytes_per_step(c, model_cfg, s, rows, mesh)
             decode_s = None if chip.hbm_bandwidth is None else s.response_tokens * per_step / chip.hbm_bandwidth
@@ -245,6 +263,14 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
             flops = sampler_flops(model_cfg, s, rows)
         else:
             raise ValueError(f"unknown program {program!r}: 'train_step' or 'sampler'")
+        try:
+            compiled = build()
+        except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program that cannot fit
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            out.append({**refused(program, e, topology=topology, chip=chip, mesh=mesh, flops=flops,
+                                  settings=settings), **extra})
+            continue
         rec = record(program, compiled, topology=topology, chip=chip, mesh=mesh, flops=flops, settings=settings,
                      compile_s=time.perf_counter() - start)
         out.append({**rec, **extra})
