@@ -22,29 +22,18 @@ import os
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling launch_common, however loaded
+from launch_common import UsageError, count, execute, positive, split_extra  # noqa: E402
+from launch_common import fail as _fail  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROG = "launch_slurm.py"
 
 
-class UsageError(Exception):
-    pass
-
-
-def positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
-
-
-def count(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
+def fail(message: str, code: int = 2) -> int:
+    return _fail(PROG, message, code)
 
 
 def script_args(args) -> list[str]:
@@ -143,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    own, extra = split_extra(argv)
     args = parser().parse_args(own)
     args.extra = extra
     try:
@@ -162,24 +151,7 @@ def main(argv: list[str]) -> int:
             return 0
     elif script is not None:
         pathlib.Path(commands[0][1]).write_text(script)
-    for command in commands:
-        print(shlex.join(command), flush=True)
-        if args.dry_run:
-            continue
-        try:
-            code = subprocess.run(command).returncode
-        except FileNotFoundError:
-            return fail(f"{command[0]} is not installed (or not on PATH)", 127)
-        except KeyboardInterrupt:
-            return 130
-        if code:
-            return fail(f"exit code {code} from: {shlex.join(command)}", code)
-    return 0
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    return code
+    return execute(PROG, commands, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,16 @@ import os
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling launch_common, however loaded
+from launch_common import UsageError, count, execute, split_extra  # noqa: E402
+from launch_common import fail as _fail  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROG = "launch_tpu_pod.py"
+
 # The Cloud TPU runtime (VM image) for each generation; see cloud.google.com/tpu/docs/runtimes.
 RUNTIMES = {"v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base", "v4": "tpu-ubuntu2204-base",
             "v5litepod": "v2-alpha-tpuv5-lite", "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
@@ -40,15 +44,8 @@ LOG, PID = "~/r3jax-run.log", "~/r3jax-run.pid"
 GCS_MOUNT = "/mnt/gcs"  # gs://BUCKET workdirs are mounted here on every worker (gcsfuse)
 
 
-class UsageError(Exception):
-    pass
-
-
-def count(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
+def fail(message: str, code: int = 2) -> int:
+    return _fail(PROG, message, code)
 
 
 def generation(accelerator_type: str) -> str:
@@ -233,7 +230,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    own, extra = split_extra(argv)
     args = parser().parse_args(own)
     args.extra = extra
     if extra and args.command not in ("run", "all"):
@@ -245,26 +242,11 @@ def main(argv: list[str]) -> int:
         commands = builders[args.command](args)
     except UsageError as e:
         return fail(str(e))
-    for command in commands:
-        print(shlex.join(command), flush=True)
-        if args.dry_run:
-            continue
-        try:
-            code = subprocess.run(command).returncode
-        except FileNotFoundError:
-            return fail(f"{command[0]} is not installed (or not on PATH)", 127)
-        except KeyboardInterrupt:
-            if command[-1].startswith("--command=tail"):
-                print(f"\nstopped following; the run goes on (`{PROG} logs` follows it again, `stop` ends it)")
-            return 130
-        if code:
-            return fail(f"exit code {code} from: {shlex.join(command)}", code)
-    return 0
+    def interrupted(command):
+        if command[-1].startswith("--command=tail"):
+            print(f"\nstopped following; the run goes on (`{PROG} logs` follows it again, `stop` ends it)")
 
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    return code
+    return execute(PROG, commands, dry_run=args.dry_run, on_interrupt=interrupted)
 
 
 if __name__ == "__main__":
