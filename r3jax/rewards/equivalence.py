@@ -13,7 +13,6 @@ needs a process's main thread, which the grading pool's workers are.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import re
 import signal
@@ -122,14 +121,19 @@ def _verbatim(text: str) -> str:
 
 @contextlib.contextmanager
 def deadline(seconds: float):
-    """Raises math-verify's TimeoutException in this (main) thread once `seconds` have passed."""
+    """Raises math-verify's TimeoutException in this (main) thread once `seconds` have passed. Yields a dict
+    whose `expired` says whether it fired: math-verify catches exceptions inside its own steps, so the alarm can
+    end a comparison early as a plain False that is no verdict."""
+    clock = {"expired": False}
+
     def expire(signum, frame):
+        clock["expired"] = True
         raise TimeoutException(f"no verdict within {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        yield clock
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -147,17 +151,28 @@ def judge(answer: str, references, timeout_s: float = 3.0) -> tuple[bool, str]:
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("equivalence.judge uses signal-based timeouts and must run in a main thread; "
                            "use grade_batch / GradingPool, which grade in worker processes")
+    key = (answer, tuple(refs))
+    if key in _VERDICTS:  # a group's G samples often give the same answer to the same question
+        return _VERDICTS[key]
     try:
-        with deadline(timeout_s):
-            return _judge(answer, tuple(refs))
+        with deadline(timeout_s) as clock:
+            verdict = _judge(*key)
     except TimeoutException:
         return False, "timeout"
+    if clock["expired"]:  # the alarm ended it inside math-verify, which turned it into False: no verdict
+        return False, "timeout"
+    if len(_VERDICTS) >= _CACHE_SIZE:
+        _VERDICTS.pop(next(iter(_VERDICTS)))
+    _VERDICTS[key] = verdict  # only verdicts reached in time are kept
+    return verdict
 
 
-@functools.lru_cache(maxsize=8192)
+_CACHE_SIZE = 8192
+_VERDICTS: dict[tuple, tuple[bool, str]] = {}
+
+
 def _judge(answer: str, refs: tuple) -> tuple[bool, str]:
-    """The verdict, cached: a group's G samples often give the same answer to the same question. A timeout
-    raises through and is not cached."""
+    """The verdict (uncached; `judge` keeps those reached within the deadline)."""
     try:
         parsed = latex.parse(answer)
     except latex.NotWholeAnswer:
