@@ -1,8 +1,11 @@
 """The explicit KV cache: prefill then decode equals one full forward; causality."""
 
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from r3jax import model as rm
+from r3jax.model import layers
 
 
 def test_prefill_then_decode_equals_full_forward():
@@ -39,3 +42,41 @@ def test_a_later_token_never_changes_an_earlier_output():
     a, b = np.asarray(model(tokens)), np.asarray(model(changed))
     np.testing.assert_array_equal(a[:, :5], b[:, :5])
     assert np.abs(a[:, 5:] - b[:, 5:]).max() > 1e-3
+
+
+@pytest.mark.parametrize("t, bound", [(1, 9), (1, 13), (3, 11)])
+def test_blocked_cached_attention_equals_full_attention(t, bound):
+    """Blocks of 4 over 13 slots: the last block is moved back to end at 13 and overlaps the one before."""
+    rng = np.random.RandomState(t)
+    b, n, k, s, h = 2, 4, 2, 13, 8
+    q = jnp.asarray(rng.randn(b, t, n, h), jnp.float32)
+    cache = jnp.asarray(rng.randn(2, 3, b, k, s, h), jnp.float32)  # (k, v) x [L=3, B, K, S, H]
+    mask = rng.rand(b, t, s) < 0.7
+    mask[:, :, bound:] = False  # nothing at or past the bound is visible
+    mask[:, :, 0] = True
+    full = layers.attend(q, cache[0, 1], cache[1, 1], jnp.asarray(mask))
+    blocked = layers.attend_cached(q, (cache[0], cache[1]), 1, jnp.asarray(mask), jnp.int32(bound), block=4)
+    np.testing.assert_allclose(np.asarray(blocked), np.asarray(full), atol=1e-6)
+    # Reading blocks that hold nothing visible changes no bit.
+    further = layers.attend_cached(q, (cache[0], cache[1]), 1, jnp.asarray(mask), jnp.int32(s), block=4)
+    np.testing.assert_array_equal(np.asarray(further), np.asarray(blocked))
+
+
+def test_rows_with_their_own_write_slot_equal_rows_decoded_alone():
+    config = rm.tiny()
+    model = rm.init_model(config, seed=5)
+    rng = np.random.RandomState(2)
+    prompt = rng.randint(0, config.vocab_size, (2, 5))
+    new = rng.randint(0, config.vocab_size, (2, 1))
+    alone = []
+    for row in range(2):  # row 1 is one token further along than row 0
+        cache = rm.init_cache(config, batch=1, max_length=9)
+        _, cache = model.hidden_states(prompt[row:row + 1, :4 + row], cache=cache)
+        hidden, _ = model.hidden_states(new[row:row + 1], cache=cache)
+        alone.append(np.asarray(hidden))
+    cache = rm.init_cache(config, batch=2, max_length=9)
+    _, cache = model.hidden_states(prompt, np.array([[1, 1, 1, 1, 0], [1] * 5], bool), cache=cache)
+    cache = cache.__class__(k=cache.k, v=cache.v, mask=cache.mask, index=jnp.array([4, 5], jnp.int32))
+    hidden, cache = model.hidden_states(new, cache=cache)
+    np.testing.assert_allclose(np.asarray(hidden), np.concatenate(alone), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(cache.mask)[:, :6], [[1, 1, 1, 1, 1, 0], [1] * 6])

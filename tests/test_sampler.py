@@ -7,7 +7,7 @@ from conftest import write_hf_checkpoint
 
 from r3jax import model as rm
 from r3jax.model import sharding
-from r3jax.sampling import generate
+from r3jax.sampling import generate, sampler
 
 VOCAB = 128
 
@@ -210,6 +210,47 @@ def test_scanned_and_unrolled_decoding_agree(checkpoint):
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
 
 
+def ragged_run(model, slots, budget=14, **kw):
+    """Six prompts x 3 samples with end tokens common enough that lengths spread from 1 to the budget."""
+    tokens, mask = prompts()
+    tokens, mask = np.concatenate([tokens, tokens[::-1]]), np.concatenate([mask, mask[::-1]])
+    return sampler.decode(model, tokens, mask, jax.random.key(31), max_new_tokens=budget, num_samples=3,
+                          eos_ids=tuple(range(3, 128, 9)), slots=slots, **kw)
+
+
+@pytest.mark.parametrize("slots", [7, 1])
+def test_the_slot_count_never_changes_the_rollout(checkpoint, slots):
+    _, _, model = checkpoint
+    (every, _), (few, _) = ragged_run(model, None), ragged_run(model, slots)
+    lengths = np.asarray(every.lengths)
+    assert 1 < len(set(lengths.tolist())) and lengths.min() < 14 // 2  # rows really end at different steps
+    np.testing.assert_array_equal(np.asarray(few.tokens), np.asarray(every.tokens))
+    np.testing.assert_array_equal(np.asarray(few.lengths), lengths)
+    np.testing.assert_array_equal(np.asarray(few.truncated), np.asarray(every.truncated))
+    np.testing.assert_allclose(np.asarray(few.logprobs), np.asarray(every.logprobs), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(few.entropies), np.asarray(every.entropies), atol=1e-6)
+
+
+def test_a_finished_row_hands_its_slot_to_the_next_waiting_row(checkpoint):
+    _, _, model = checkpoint
+    one, steps_one = ragged_run(model, 1)
+    assert int(steps_one) == int(np.asarray(one.lengths).sum())  # one slot: never a step without a token
+    four, steps_four = ragged_run(model, 4)
+    lengths = np.asarray(four.lengths)
+    # Four slots stay busy while rows wait; only the last rows' tail can leave slots idle.
+    assert int(steps_four) <= -(-lengths.sum() // 4) + lengths.max()
+    assert int(steps_four) < lengths.size * lengths.max() // 4
+
+
+def test_a_larger_budget_changes_nothing_already_generated(checkpoint):
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    short = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=6, temperature=0.0)
+    long = generate(model, tokens, mask, jax.random.key(0), max_new_tokens=600, temperature=0.0, eos_ids=(VOCAB,))
+    np.testing.assert_array_equal(np.asarray(long.tokens)[:, :6], np.asarray(short.tokens))
+    np.testing.assert_allclose(np.asarray(long.logprobs)[:, :6], np.asarray(short.logprobs), atol=1e-5)
+
+
 def test_bad_inputs_are_named(checkpoint):
     _, _, model = checkpoint
     tokens, mask = prompts()
@@ -221,3 +262,5 @@ def test_bad_inputs_are_named(checkpoint):
         generate(model, tokens, empty, jax.random.key(0), max_new_tokens=2)
     with pytest.raises(ValueError, match="top_p must be in"):
         generate(model, tokens, mask, jax.random.key(0), max_new_tokens=2, top_p=0.0)
+    with pytest.raises(ValueError, match="slots must be >= 1, got 0"):
+        generate(model, tokens, mask, jax.random.key(0), max_new_tokens=2, slots=0)

@@ -13,6 +13,10 @@ from r3jax.model.config import ModelConfig
 # A large finite negative instead of -inf: a query row with no visible key (left padding) then gets
 # a uniform softmax instead of NaN, and NaN never leaks into gradients.
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Cache slots a cached attention reads per block (`attend_cached`): decoding pays for ceil(filled / 256)
+# blocks. Small enough that a short response reads little of a long budget, large enough that the loop over
+# blocks costs little per step.
+CACHE_BLOCK = 256
 
 
 def _init(rngs: nnx.Rngs, shape, dtype, std: float = 0.02):
@@ -59,6 +63,47 @@ def attend(q_btnh, k_bksh, v_bksh, mask_bts) -> jax.Array:
     return jnp.einsum("bkrts,bksh->btkrh", probs, v_bksh).reshape(b, t, n, h)
 
 
+def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int = CACHE_BLOCK) -> jax.Array:
+    """`attend` of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H]), reading only the
+    slots below `bound` ([] int32), `block` slots at a time.
+
+    A decode step then costs what the cache holds, not what it could hold: at token 100 of an 8K budget it
+    reads one block, not 8K slots. The blocks are combined by the online softmax (a running max m, sum l
+    and unnormalised output per query): after block j, out = acc / l with acc = sum_s exp(score_s - m) v_s,
+    rescaled by exp(m_old - m_new) whenever the max grows. A block that is all masked adds exp(-huge) = 0
+    exactly, so reading further than needed never changes a value. The last block is moved back to end
+    at S; the slots it shares with the block before are masked out of it.
+    """
+    k_full, v_full = kv
+    _, b, kh, s, h = k_full.shape
+    t, n = q_btnh.shape[1], q_btnh.shape[2]
+    width = min(block, s)
+    q_bkrth = q_btnh.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
+
+    def read(full, start):  # [B, K, width, H]
+        return jax.lax.dynamic_slice(full, (layer, 0, 0, start, 0), (1, b, kh, width, h))[0].astype(q_btnh.dtype)
+
+    def body(j, carry):
+        m, total, acc = carry  # [B, K, R, T], [B, K, R, T], [B, K, R, T, H]
+        first = j * width
+        start = jnp.minimum(first, s - width)
+        visible = jax.lax.dynamic_slice_in_dim(mask_bts, start, width, axis=2)
+        visible &= (start + jnp.arange(width) >= first)[None, None, :]
+        scores = jnp.einsum("bkrth,bksh->bkrts", q_bkrth, read(k_full, start), preferred_element_type=jnp.float32)
+        scores = jnp.where(visible[:, None, None], scores * h**-0.5, _MASKED)
+        m_new = jnp.maximum(m, scores.max(-1))
+        p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
+        v = read(v_full, start)
+        pv = jnp.einsum("bkrts,bksh->bkrth", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return m_new, total * rescale + p.sum(-1), acc * rescale[..., None] + pv
+
+    stats = jnp.full(q_bkrth.shape[:-1], _MASKED, jnp.float32)
+    init = (stats, jnp.zeros_like(stats), jnp.zeros(q_bkrth.shape, jnp.float32))
+    _, total, acc = jax.lax.fori_loop(0, (bound + width - 1) // width, body, init)
+    out = (acc / total[..., None]).astype(q_btnh.dtype)  # [B, K, R, T, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
 def project(x_bt_, equation: str, w):
     """`einsum(equation, x, w)` with the batch and time axes of x folded into one ("td,fd->tf" on [B, T, D]).
 
@@ -86,10 +131,10 @@ class Attention(nnx.Module):
         self.dtype = dtype
         self.mesh = mesh
 
-    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None):
+    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None):
         """Attends over the new tokens alone (kv None) or over layer `layer` of the full cache
         (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot
-        `index`. Returns (out, kv)."""
+        `index`; then only the cache's first `bound` slots are read. Returns (out, kv)."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
         q = project(x_btd, "td,nhd->tnh", w(self.q_proj)) + w(self.q_bias)
         k = project(x_btd, "td,khd->tkh", w(self.k_proj)) + w(self.k_bias)
@@ -97,11 +142,11 @@ class Attention(nnx.Module):
         q = sharding.constrain(rope(q, rope_bt), "act_btnh", self.mesh)
         k = sharding.constrain(rope(k, rope_bt), "act_btkh", self.mesh)
         if kv is None:
-            k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, K, T, H]
+            out = attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask_bts)  # keys [B, K, T, H]
         else:
-            kv, k, v = kv_cache.write_layer(kv, layer, k, v, index)
-        out = sharding.constrain(attend(q, k.astype(self.dtype), v.astype(self.dtype), mask_bts),
-                                 "act_btnh", self.mesh)
+            kv = kv_cache.write_layer(kv, layer, k, v, index)
+            out = attend_cached(q, kv, layer, mask_bts, bound)
+        out = sharding.constrain(out, "act_btnh", self.mesh)
         return project(out, "tnh,dnh->td", w(self.o_proj)), kv
 
 
@@ -135,8 +180,8 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
         self.mesh = mesh
 
-    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None):
-        attn, kv = self.self_attn(self.input_layernorm(x_btd), rope_bt, mask_bts, kv, layer, index)
+    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None):
+        attn, kv = self.self_attn(self.input_layernorm(x_btd), rope_bt, mask_bts, kv, layer, index, bound)
         x_btd = sharding.constrain(x_btd + attn, "act_btd", self.mesh)
         x_btd = sharding.constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd)), "act_btd", self.mesh)
         return x_btd, kv

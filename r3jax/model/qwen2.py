@@ -105,27 +105,27 @@ class Qwen2(nnx.Module):
             raise ValueError(f"attention_mask shape {mask_bt.shape} != tokens shape {tokens_bt.shape}")
         if cache is None:
             positions, mask_bts = kv_cache.positions_from_mask(mask_bt), kv_cache.causal_mask(mask_bt)
-            index = kv = None
+            index = kv = bound = None
         else:
-            index, kv = cache.index, (cache.k, cache.v)
+            index, kv, bound = cache.index, (cache.k, cache.v), kv_cache.filled(cache, tokens_bt.shape[1])
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
         tables = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
         table = sharding.constrain(self.embed_tokens[...].astype(self.dtype), "emb_lookup_vd", self.mesh)
         x = jnp.take(table, tokens_bt, axis=0)
         x = sharding.constrain(x, "act_btd", self.mesh)
         if layers is None:
-            x, kv = self._scan_layers(x, tables, mask_bts, kv, index)
+            x, kv = self._scan_layers(x, tables, mask_bts, kv, index, bound)
         else:
             layer_graphdef = nnx.graphdef(self.layers)
             for i, params in enumerate(layers):
-                x, kv = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index)
+                x, kv = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound)
         if cache is not None:
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
         return self.norm(x), cache
 
     # --- internals ---------------------------------------------------------------------------------
 
-    def _scan_layers(self, x, tables, mask_bts, kv, index):
+    def _scan_layers(self, x, tables, mask_bts, kv, index, bound):
         """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
 
         The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place."""
@@ -134,7 +134,7 @@ class Qwen2(nnx.Module):
         def body(carry, per_layer):
             x, kv = carry
             params, layer = per_layer
-            return nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index), None
+            return nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index, bound), None
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat], prevent_cse=False)

@@ -57,33 +57,66 @@ class SamplingConfig:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class SamplingState:
-    """The decode loop's carry. Token `step` is drawn from `logits`, the prediction after token step-1."""
+class PromptCache:
+    """Every prompt run once: its keys and values, which of its slots are real, its next-token logits."""
 
-    step: jax.Array       # [] int32
-    tokens: jax.Array     # [B, T]
-    logprobs: jax.Array   # [B, T]
-    entropies: jax.Array  # [B, T]
-    lengths: jax.Array    # [B] tokens generated so far, end token included
-    done: jax.Array       # [B] an end token has been generated
-    logits: jax.Array     # [B, V]
-    cache: kv_cache.Cache
-    uniforms: jax.Array   # [T, B] the random number each row's draw at each step inverts the CDF at
+    k: jax.Array       # [L, P, K, Tp, H]
+    v: jax.Array       # [L, P, K, Tp, H]
+    mask: jax.Array    # [P, Tp]
+    logits: jax.Array  # [P, V]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingState:
+    """The decode loop's carry: B slots decoding, N = P * G rollout rows to fill.
+
+    A slot holds one row at a time: its cache is the row's prompt (slots [0, Tp)) then its response (slot
+    Tp + t holds response token t). A slot whose row has ended takes the next row that has not started.
+    Outputs are kept per row, so the result does not depend on which slot decoded which row.
+    """
+
+    step: jax.Array       # [] int32 decode steps run
+    next_row: jax.Array   # [] int32 the first row no slot has taken yet
+    row: jax.Array        # [B] int32 the row each slot decodes
+    length: jax.Array     # [B] int32 tokens that row has so far
+    free: jax.Array       # [B] the slot's row has ended (or it never had one)
+    logits: jax.Array     # [B, V] the prediction each slot draws its next token from
+    cache: kv_cache.Cache  # [L, B, K, Tp + T, H], one write index per slot
+    tokens: jax.Array     # [N, T]
+    logprobs: jax.Array   # [N, T]
+    entropies: jax.Array  # [N, T]
+    lengths: jax.Array    # [N] tokens generated, end token included
+    ended: jax.Array      # [N] an end token has been generated
+    uniforms: jax.Array   # [N, T] the number each row's draw of token t inverts the CDF at
 
 
 def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
-             pad_id: int | None = None, unroll_layers: bool = True) -> Rollout:
+             pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None) -> Rollout:
     """Samples `num_samples` responses for each prompt of a padded [P, Tp] batch.
 
     model_or_params: a `Qwen2` or its `(graphdef, params)`. Prompts may be left- or right-padded and
     ragged; each is prefilled once and its cache shared by its G samples. Returns a `Rollout` of
-    B = P * G rows, prompt-major. The same key (and shapes) gives the same samples; the loop stops
-    as soon as every row has produced an end token, or at max_new_tokens.
+    N = P * G rows, prompt-major. slots: how many rows decode at once (default all N); when a row ends,
+    the next row that has not started takes its slot, so no slot idles while rows are waiting. The same
+    key gives the same samples whatever the slot count (each row draws from its own random numbers);
+    the loop stops as soon as every row has produced an end token or max_new_tokens.
 
     Log-probs and entropies describe softmax(logits / temperature) before top-k/top-p truncation
     (R3-SPEC §6); with temperature 0 (greedy) they describe the model's softmax(logits).
     """
+    return decode(model_or_params, prompt_tokens, prompt_mask, key, max_new_tokens=max_new_tokens,
+                  temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids, num_samples=num_samples,
+                  valid_vocab=valid_vocab, pad_id=pad_id, unroll_layers=unroll_layers, slots=slots)[0]
+
+
+def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
+           top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
+           pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None
+           ) -> tuple[Rollout, jax.Array]:
+    """`generate`, plus the number of decode steps the loop ran ([] int32): slots x steps is what the
+    decoding paid for, the rollouts' total length what it bought."""
     eos_ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(int(e) for e in eos_ids)
     cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                          top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
@@ -95,11 +128,15 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
     else:
         raise TypeError(f"generate needs a Qwen2 model or its (graphdef, params), got {type(model_or_params).__name__}")
     prompt_tokens, prompt_mask = _check_prompts(prompt_tokens, prompt_mask)
+    rows = prompt_tokens.shape[0] * cfg.num_samples
+    if slots is not None and not 1 <= int(slots):
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    slots = rows if slots is None else min(int(slots), rows)
     mesh = nnx.merge(graphdef, params).mesh  # the mesh is static model metadata; merging copies nothing
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = hosts.put_rows(prompt_tokens, batch), hosts.put_rows(prompt_mask, batch)
-    return _generate(graphdef, cfg, params, prompt_tokens, prompt_mask, key)
+    return _generate(graphdef, cfg, slots, params, prompt_tokens, prompt_mask, key)
 
 
 def _pad_id(pad_id, eos_ids) -> int:
@@ -120,64 +157,94 @@ def _check_prompts(tokens, mask):
     return tokens, mask
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _generate(graphdef, cfg: SamplingConfig, params, prompt_tokens, prompt_mask, key) -> Rollout:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _generate(graphdef, cfg: SamplingConfig, slots: int, params, prompt_tokens, prompt_mask, key
+              ) -> tuple[Rollout, jax.Array]:
     model = nnx.merge(graphdef, params)
-    state = _prefill(model, cfg, prompt_tokens, prompt_mask, key)
+    prompts = _prefill(model, prompt_tokens, prompt_mask)
+    state = _init_state(model, cfg, slots, prompts, key)
 
     def cond_fn(state: SamplingState):
-        return ((state.step < cfg.max_new_tokens)  # room left in the budget
-                & ~jnp.all(state.done))            # and some row has not ended yet
+        return (jnp.any(~state.free)                                 # a slot is still decoding
+                | (state.next_row < state.tokens.shape[0]))          # or a row has not started yet
 
     layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
-    state = jax.lax.while_loop(cond_fn, functools.partial(_decode_step, model, cfg, layers), state)
-    return _finish(state, cfg)
+    state = jax.lax.while_loop(cond_fn, functools.partial(_decode_step, model, cfg, layers, prompts), state)
+    return _finish(state, cfg), state.step
 
 
-def _prefill(model: Qwen2, cfg: SamplingConfig, tokens_pt, mask_pt, key) -> SamplingState:
-    """Runs every prompt once, then gives each of its G samples a copy of its cache and last logits."""
+def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
+    """Runs every prompt once; its G samples copy its cache and last logits when they take a slot."""
     p, t = tokens_pt.shape
-    g, b = cfg.num_samples, tokens_pt.shape[0] * cfg.num_samples
-    cache = kv_cache.init_cache(model.config, p, t + cfg.max_new_tokens, model.dtype, model.mesh)
+    cache = kv_cache.init_cache(model.config, p, t, model.dtype, model.mesh)
     hidden, cache = model.hidden_states(tokens_pt, mask_pt, cache=cache)
     last = t - 1 - jnp.argmax(mask_pt[:, ::-1], axis=-1)  # last real token (left or right padding)
     logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1))[:, 0]
-    share = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
-    cache = dataclasses.replace(cache, k=jnp.repeat(cache.k, g, axis=1), v=jnp.repeat(cache.v, g, axis=1),
-                                mask=share(cache.mask))
-    if model.mesh is not None:
-        cache = dataclasses.replace(
-            cache, k=sharding.constrain(cache.k, "cache_lbksh", model.mesh),
-            v=sharding.constrain(cache.v, "cache_lbksh", model.mesh),
-            mask=sharding.constrain(cache.mask, "cache_bs", model.mesh))
-    n = cfg.max_new_tokens
-    return SamplingState(step=jnp.zeros((), jnp.int32), tokens=jnp.full((b, n), cfg.pad_id, jnp.int32),
-                         logprobs=jnp.zeros((b, n), jnp.float32), entropies=jnp.zeros((b, n), jnp.float32),
-                         lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), logits=share(logits),
-                         cache=cache, uniforms=jax.random.uniform(key, (n, b), jnp.float32))
+    return PromptCache(k=cache.k, v=cache.v, mask=cache.mask, logits=logits)
 
 
-def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, state: SamplingState) -> SamplingState:
-    """Draws token `step` for every row, records it, and runs it through the model for the next logits."""
-    token, logprob, entropy = distributions.sample(
-        None, state.logits, uniform=state.uniforms[state.step], temperature=cfg.temperature, top_k=cfg.top_k,
-        top_p=cfg.top_p, valid_vocab=cfg.valid_vocab)
-    live = ~state.done  # rows still generating; an end token drawn now is part of the response
-    token = jnp.where(live, token, cfg.pad_id)
-    write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, state.step))  # noqa: E731
-    ended = jnp.isin(token, jnp.asarray(cfg.eos_ids, jnp.int32)) if cfg.eos_ids else jnp.zeros_like(live)
-    hidden, cache = model.hidden_states(token[:, None], live[:, None], cache=state.cache, layers=layers)
+def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCache, key) -> SamplingState:
+    """Every slot free and every row waiting: the first step's refill hands out the first B rows."""
+    n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
+    rows = p * cfg.num_samples
+    cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh)
+    cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
+    per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
     return SamplingState(
-        step=state.step + 1,
-        tokens=write(state.tokens, token),
-        logprobs=write(state.logprobs, jnp.where(live, logprob, 0.0)),
-        entropies=write(state.entropies, jnp.where(live, entropy, 0.0)),
-        lengths=state.lengths + live.astype(jnp.int32),
-        done=state.done | (live & ended),
-        logits=model.logits(hidden)[:, 0],
-        cache=cache,
-        uniforms=state.uniforms,
-    )
+        step=jnp.zeros((), jnp.int32), next_row=jnp.zeros((), jnp.int32),
+        row=jnp.full((slots,), rows, jnp.int32), length=jnp.zeros((slots,), jnp.int32),
+        free=jnp.ones((slots,), bool), logits=jnp.zeros((slots, prompts.logits.shape[-1]), jnp.float32),
+        cache=cache, tokens=per_row(jnp.full((rows, n), cfg.pad_id, jnp.int32)),
+        logprobs=per_row(jnp.zeros((rows, n), jnp.float32)), entropies=per_row(jnp.zeros((rows, n), jnp.float32)),
+        lengths=jnp.zeros((rows,), jnp.int32), ended=jnp.zeros((rows,), bool),
+        uniforms=per_row(jax.random.uniform(key, (rows, n), jnp.float32)))
+
+
+def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> SamplingState:
+    """Free slots take the next waiting rows, in slot order: each gets its prompt's cache and logits."""
+    b, rows = state.row.shape[0], state.tokens.shape[0]
+    new_row = state.next_row + jnp.cumsum(state.free) - 1
+    take = state.free & (new_row < rows)
+    dest = jnp.where(take, jnp.arange(b), b)          # slots that take nothing write out of range: dropped
+    prompt = jnp.where(take, new_row, 0) // cfg.num_samples
+    tp = prompts.mask.shape[1]
+    cache = state.cache
+    cache = dataclasses.replace(
+        cache, k=cache.k.at[:, dest, :, :tp].set(prompts.k[:, prompt], mode="drop"),
+        v=cache.v.at[:, dest, :, :tp].set(prompts.v[:, prompt], mode="drop"),
+        mask=cache.mask.at[dest].set(jnp.pad(prompts.mask[prompt], ((0, 0), (0, cache.max_length - tp))),
+                                     mode="drop"))
+    return dataclasses.replace(
+        state, next_row=state.next_row + jnp.sum(take), row=jnp.where(take, new_row, state.row),
+        length=jnp.where(take, 0, state.length), free=state.free & ~take, cache=cache,
+        logits=state.logits.at[dest].set(prompts.logits[prompt], mode="drop"))
+
+
+def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache, state: SamplingState
+                 ) -> SamplingState:
+    """Refills free slots, draws each live slot's next token, records it, and runs it through the model."""
+    rows, n, tp = state.tokens.shape[0], cfg.max_new_tokens, prompts.mask.shape[1]
+    refill = jnp.any(state.free) & (state.next_row < rows)
+    state = jax.lax.cond(refill, functools.partial(_refill, cfg, prompts), lambda s: s, state)
+    live = ~state.free
+    at = (jnp.where(live, state.row, rows), state.length)  # out of range for idle slots: their writes drop
+    token, logprob, entropy = distributions.sample(
+        None, state.logits, uniform=state.uniforms.at[at].get(mode="fill", fill_value=0.5),
+        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, valid_vocab=cfg.valid_vocab)
+    token = jnp.where(live, token, cfg.pad_id)
+    ended = jnp.isin(token, jnp.asarray(cfg.eos_ids, jnp.int32)) if cfg.eos_ids else jnp.zeros_like(live)
+    length = state.length + live.astype(jnp.int32)
+    # An idle slot's index is past the cache: it writes nothing and its attention reads nothing extra.
+    cache = dataclasses.replace(state.cache, index=jnp.where(live, tp + state.length, tp + n))
+    hidden, cache = model.hidden_states(token[:, None], live[:, None], cache=cache, layers=layers)
+    return dataclasses.replace(
+        state, step=state.step + 1, length=length, free=state.free | ended | (length >= n),
+        logits=model.logits(hidden)[:, 0], cache=cache,
+        tokens=state.tokens.at[at].set(token, mode="drop"),
+        logprobs=state.logprobs.at[at].set(logprob, mode="drop"),
+        entropies=state.entropies.at[at].set(entropy, mode="drop"),
+        lengths=state.lengths.at[at[0]].set(length, mode="drop"),
+        ended=state.ended.at[at[0]].set(ended, mode="drop"))
 
 
 def _finish(state: SamplingState, cfg: SamplingConfig) -> Rollout:
@@ -185,4 +252,4 @@ def _finish(state: SamplingState, cfg: SamplingConfig) -> Rollout:
     return Rollout(tokens=mask_after_end(state.tokens, mask, cfg.pad_id),
                    logprobs=mask_after_end(state.logprobs, mask, 0.0),
                    entropies=mask_after_end(state.entropies, mask, 0.0),
-                   mask=mask, lengths=state.lengths, truncated=~state.done)
+                   mask=mask, lengths=state.lengths, truncated=~state.ended)
