@@ -233,13 +233,22 @@ def test_the_slot_count_never_changes_the_rollout(checkpoint, slots):
 
 def test_a_finished_row_hands_its_slot_to_the_next_waiting_row(checkpoint):
     _, _, model = checkpoint
-    one, steps_one = ragged_run(model, 1)
-    assert int(steps_one) == int(np.asarray(one.lengths).sum())  # one slot: never a step without a token
-    four, steps_four = ragged_run(model, 4)
+    one, cost = ragged_run(model, 1)
+    assert int(cost["slot_steps"]) == int(cost["steps"]) == int(np.asarray(one.lengths).sum())  # never idle
+    four, cost = ragged_run(model, 4)
     lengths = np.asarray(four.lengths)
-    # Four slots stay busy while rows wait; only the last rows' tail can leave slots idle.
-    assert int(steps_four) <= -(-lengths.sum() // 4) + lengths.max()
-    assert int(steps_four) < lengths.size * lengths.max() // 4
+    # Four slots stay busy while rows wait; the last rows' tail runs on one slot (4 -> 1): idle slot-steps
+    # come only from the steps when 4 slots held 2 to 4 rows.
+    assert sampler.slot_widths(4) == (4, 1)
+    assert int(cost["slot_steps"]) - lengths.sum() <= 3 * lengths.max()
+    assert int(cost["steps"]) < lengths.size * lengths.max() // 4
+
+
+def test_the_slots_narrow_by_quarters_in_multiples_of_the_row_shards():
+    assert sampler.slot_widths(64) == (64, 16, 4, 1)
+    assert sampler.slot_widths(64, 8) == (64, 16, 8)
+    assert sampler.slot_widths(7) == (7, 1)
+    assert sampler.slot_widths(1) == (1,)
 
 
 def test_a_larger_budget_changes_nothing_already_generated(checkpoint):

@@ -77,6 +77,7 @@ class SamplingState:
     """
 
     step: jax.Array       # [] int32 decode steps run
+    slot_steps: jax.Array  # [] int32 slots x steps: what the decoding paid for
     next_row: jax.Array   # [] int32 the first row no slot has taken yet
     row: jax.Array        # [B] int32 the row each slot decodes
     length: jax.Array     # [B] int32 tokens that row has so far
@@ -114,9 +115,9 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
 def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
            pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None
-           ) -> tuple[Rollout, jax.Array]:
-    """`generate`, plus the number of decode steps the loop ran ([] int32): slots x steps is what the
-    decoding paid for, the rollouts' total length what it bought."""
+           ) -> tuple[Rollout, dict]:
+    """`generate`, plus what the decoding cost: {"steps": decode steps, "slot_steps": the sum over steps of the
+    slots decoded} ([] int32 each). Slot utilisation = generated tokens / slot_steps."""
     eos_ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(int(e) for e in eos_ids)
     cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                          top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
@@ -131,12 +132,33 @@ def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: 
     rows = prompt_tokens.shape[0] * cfg.num_samples
     if slots is not None and not 1 <= int(slots):
         raise ValueError(f"slots must be >= 1, got {slots}")
-    slots = rows if slots is None else min(int(slots), rows)
     mesh = nnx.merge(graphdef, params).mesh  # the mesh is static model metadata; merging copies nothing
+    widths = (rows,) if slots is None else slot_widths(min(int(slots), rows), _row_shards(mesh))
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = hosts.put_rows(prompt_tokens, batch), hosts.put_rows(prompt_mask, batch)
-    return _generate(graphdef, cfg, slots, params, prompt_tokens, prompt_mask, key)
+    return _generate(graphdef, cfg, widths, params, prompt_tokens, prompt_mask, key)
+
+
+def slot_widths(slots: int, multiple: int = 1) -> tuple[int, ...]:
+    """The slot counts the loop narrows through once no row is waiting: each a quarter of the one before,
+    rounded up to `multiple` (the devices the rows are split over). Once the last rows are all that is
+    left, a quarter of the slots (or fewer) are busy; a narrower batch then does the same work in cheaper
+    steps instead of stepping idle slots until the longest row ends."""
+    widths = [slots]
+    while True:
+        narrower = max(multiple, -(-(widths[-1] // 4) // multiple) * multiple)
+        if narrower >= widths[-1]:
+            return tuple(widths)
+        widths.append(narrower)
+
+
+def _row_shards(mesh) -> int:
+    if mesh is None:
+        return 1
+    spec = sharding.ACTIVATION_SPECS["act_bt"][0]
+    axes = spec if isinstance(spec, tuple) else (spec,)
+    return int(np.prod([mesh.shape[a] for a in axes if a is not None]))
 
 
 def _pad_id(pad_id, eos_ids) -> int:
@@ -158,19 +180,26 @@ def _check_prompts(tokens, mask):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _generate(graphdef, cfg: SamplingConfig, slots: int, params, prompt_tokens, prompt_mask, key
-              ) -> tuple[Rollout, jax.Array]:
+def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], params, prompt_tokens, prompt_mask, key
+              ) -> tuple[Rollout, dict]:
     model = nnx.merge(graphdef, params)
     prompts = _prefill(model, prompt_tokens, prompt_mask)
-    state = _init_state(model, cfg, slots, prompts, key)
-
-    def cond_fn(state: SamplingState):
-        return (jnp.any(~state.free)                                 # a slot is still decoding
-                | (state.next_row < state.tokens.shape[0]))          # or a row has not started yet
-
+    state = _init_state(model, cfg, widths[0], prompts, key)
     layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
-    state = jax.lax.while_loop(cond_fn, functools.partial(_decode_step, model, cfg, layers, prompts), state)
-    return _finish(state, cfg), state.step
+    step_fn = functools.partial(_decode_step, model, cfg, layers, prompts)
+    for narrower in (*widths[1:], 0):
+        state = jax.lax.while_loop(functools.partial(_keep_width, narrower), step_fn, state)
+        if narrower:
+            state = _narrow(state, narrower)
+    return _finish(state, cfg), {"steps": state.step, "slot_steps": state.slot_steps}
+
+
+def _keep_width(narrower: int, state: SamplingState) -> jax.Array:
+    """The loop's condition at the current width; `narrower` is the next width (0: none)."""
+    busy, waiting = jnp.sum(~state.free), state.next_row < state.tokens.shape[0]
+    return (((busy > 0)                      # a slot is still decoding
+             | waiting)                      # or a row has not started yet
+            & (waiting | (busy > narrower)))  # and the rows left need this many slots
 
 
 def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
@@ -191,7 +220,7 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCa
     cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
     return SamplingState(
-        step=jnp.zeros((), jnp.int32), next_row=jnp.zeros((), jnp.int32),
+        step=jnp.zeros((), jnp.int32), slot_steps=jnp.zeros((), jnp.int32), next_row=jnp.zeros((), jnp.int32),
         row=jnp.full((slots,), rows, jnp.int32), length=jnp.zeros((slots,), jnp.int32),
         free=jnp.ones((slots,), bool), logits=jnp.zeros((slots, prompts.logits.shape[-1]), jnp.float32),
         cache=cache, tokens=per_row(jnp.full((rows, n), cfg.pad_id, jnp.int32)),
@@ -220,6 +249,16 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
         logits=state.logits.at[dest].set(prompts.logits[prompt], mode="drop"))
 
 
+def _narrow(state: SamplingState, width: int) -> SamplingState:
+    """Keeps `width` slots, the busy ones first (all of them: the loop narrows only when that many are left)."""
+    keep = jnp.argsort(state.free, stable=True)[:width]
+    cache = state.cache
+    cache = dataclasses.replace(cache, k=cache.k[:, keep], v=cache.v[:, keep], mask=cache.mask[keep],
+                                index=cache.index[keep])
+    return dataclasses.replace(state, row=state.row[keep], length=state.length[keep], free=state.free[keep],
+                               logits=state.logits[keep], cache=cache)
+
+
 def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache, state: SamplingState
                  ) -> SamplingState:
     """Refills free slots, draws each live slot's next token, records it, and runs it through the model."""
@@ -238,7 +277,8 @@ def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache
     cache = dataclasses.replace(state.cache, index=jnp.where(live, tp + state.length, tp + n))
     hidden, cache = model.hidden_states(token[:, None], live[:, None], cache=cache, layers=layers)
     return dataclasses.replace(
-        state, step=state.step + 1, length=length, free=state.free | ended | (length >= n),
+        state, step=state.step + 1, slot_steps=state.slot_steps + live.shape[0], length=length,
+        free=state.free | ended | (length >= n),
         logits=model.logits(hidden)[:, 0], cache=cache,
         tokens=state.tokens.at[at].set(token, mode="drop"),
         logprobs=state.logprobs.at[at].set(logprob, mode="drop"),

@@ -159,7 +159,7 @@ def compile_sampler(c, rl, model_cfg: rm.ModelConfig, graphdef, params, s: Shape
     mask = jax.ShapeDtypeStruct((prompts, s.prompt_tokens), bool, sharding=placed)
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype  # no array: there may be no backend to hold one
     key = jax.ShapeDtypeStruct((), key_dtype, sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    return sampler._generate.lower(graphdef, cfg, prompts * s.samples, params, tokens, mask, key).compile()
+    return sampler._generate.lower(graphdef, cfg, (prompts * s.samples,), params, tokens, mask, key).compile()
 
 
 def forward_flops_per_token(m: rm.ModelConfig, attended: int) -> float:
