@@ -117,3 +117,19 @@ def test_insert_refuses_a_negative_step():
     tokens, lengths = responses(1)
     with pytest.raises(ValueError, match=r"\(>= 0\), got -1"):
         replay.insert(replay.init_buffer(2, 4), [0], tokens, lengths, [True], [True], step=-1)
+
+
+def test_replay_needs_counts_what_ccr_fills_and_bounds_its_lengths():
+    """Group 0 all wrong (2 stored correct, k = 2: both), group 1 all correct (1 stored wrong), group 2 mixed
+    (its stored answers stay), group 3 all wrong with nothing stored: 3 responses, the longest stored one 5."""
+    buf = replay.init_buffer(4, 6)
+    tokens = np.ones((5, 6), np.int32)
+    buf = replay.insert(buf, [0, 0, 1, 2, 2], tokens, [2, 5, 3, 6, 6], [True, True, False, True, False], [True] * 5,
+                        step=0)
+    correct = jnp.array([[False, False], [True, True], [True, False], [False, False]])
+    valid, group_valid = jnp.ones((4, 2), bool), jnp.ones((4,), bool)
+    count, longest = replay.replay_needs(buf, jnp.arange(4), correct, valid, group_valid, k=2)
+    assert (int(count), int(longest)) == (3, 5)
+    for seed in range(4):
+        rep = replay.cross_context_replay(buf, jnp.arange(4), correct, valid, group_valid, 2, jax.random.key(seed))
+        assert int(rep.valid.sum()) == 3 and int(rep.lengths.max()) <= 5

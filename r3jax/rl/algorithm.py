@@ -78,6 +78,8 @@ class RLConfig:
     oversample: float = 1.0              # DAPO: questions sampled per kept group
     overlong_buffer: int = 0             # DAPO: soft length penalty over the last tokens of the budget
     max_response_tokens: int = 8192      # generation budget (the buffer's T)
+    bucket_min_width: int = 64           # the loss reads W <= T response columns, a power of two >= this (0: T)
+    bucket_replay: bool = True           # the loss's replay rows: as many as CCR fills, bucketed (False: P·k)
     r3: R3Config = dataclasses.field(default_factory=R3Config)
 
     def __post_init__(self):
@@ -91,6 +93,7 @@ class RLConfig:
         _check(self.temperature > 0, "temperature", self.temperature, "positive")
         _check(self.num_micro_batches >= 1, "num_micro_batches", self.num_micro_batches, "at least 1")
         _check(self.oversample >= 1, "oversample", self.oversample, "at least 1")
+        _check(self.bucket_min_width >= 0, "bucket_min_width", self.bucket_min_width, "non-negative")
         _check(0 <= self.overlong_buffer < self.max_response_tokens, "overlong_buffer", self.overlong_buffer,
                "in [0, max_response_tokens)")
 

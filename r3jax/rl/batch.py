@@ -56,6 +56,14 @@ def from_rollout(rollout, num_samples: int, *, qids, prompt_tokens, prompt_mask,
         is_reflection=jnp.zeros((p,), bool) if is_reflection is None else jnp.asarray(is_reflection, bool))
 
 
+def narrow(batch: RolloutBatch, width: int) -> RolloutBatch:
+    """The batch with only its first `width` response columns (of T): what a step whose responses all end
+    within `width` tokens needs (`layout.py`)."""
+    cut = lambda x: x[:, :, :width]  # noqa: E731
+    return dataclasses.replace(batch, tokens=cut(batch.tokens), mask=cut(batch.mask), logprobs=cut(batch.logprobs),
+                               entropies=cut(batch.entropies))
+
+
 def left_align(tokens, mask):
     """Moves every row's real tokens to its right end, in order ([P, Tp] each).
 
@@ -87,16 +95,13 @@ class Sequences:
 
 
 def to_sequences(prompt_tokens, prompt_mask, tokens, mask):
-    """[P, Tp] prompts and [P, M, T] responses -> ([B, S] tokens, attention mask, response mask)."""
-    p, m, _ = tokens.shape
-    repeat = lambda x: jnp.broadcast_to(x[:, None], (p, m, x.shape[1]))  # noqa: E731
-    seq = jnp.concatenate([repeat(prompt_tokens), tokens], axis=-1).reshape(p * m, -1)
-    attention = jnp.concatenate([repeat(prompt_mask), mask], axis=-1).reshape(p * m, -1)
-    response = jnp.concatenate([jnp.zeros_like(repeat(prompt_mask)), mask], axis=-1).reshape(p * m, -1)
+    """[B, Tp] prompts and [B, T] responses -> ([B, S] tokens, attention mask, response mask)."""
+    seq = jnp.concatenate([prompt_tokens, tokens], axis=-1)
+    attention = jnp.concatenate([prompt_mask, mask], axis=-1)
+    response = jnp.concatenate([jnp.zeros_like(prompt_mask), mask], axis=-1)
     return seq, attention, response
 
 
-def response_positions(x_pmt, prompt_width: int):
-    """[P, M, T] per-response-token values -> [B, Tp + T] aligned with `to_sequences` (0 over prompts)."""
-    p, m, t = x_pmt.shape
-    return jnp.pad(x_pmt, ((0, 0), (0, 0), (prompt_width, 0))).reshape(p * m, prompt_width + t)
+def response_positions(x_bt, prompt_width: int):
+    """[B, T] per-response-token values -> [B, Tp + T] aligned with `to_sequences` (0 over prompts)."""
+    return jnp.pad(x_bt, ((0, 0), (prompt_width, 0)))

@@ -163,6 +163,14 @@ class Replay:
         return self.valid.sum(axis=1).astype(jnp.int32)
 
 
+def collapsed(correct, response_valid, group_valid):
+    """([P] all wrong, [P] all correct): the valid groups whose on-policy responses all got one verdict."""
+    n = response_valid.sum(axis=1)
+    n_correct = (correct & response_valid).sum(axis=1)
+    live = group_valid & (n > 0)
+    return live & (n_correct == 0), live & (n_correct == n)
+
+
 def cross_context_replay(buffer: SampleBuffer, qids, correct, response_valid, group_valid, k: int, key) -> Replay:
     """CCR (R3-SPEC §4): all-wrong groups fetch stored correct responses, all-correct groups wrong ones.
 
@@ -170,13 +178,25 @@ def cross_context_replay(buffer: SampleBuffer, qids, correct, response_valid, gr
     Mixed groups (and invalid ones) get nothing. Retrieval only reads the buffer: insert this step's
     responses afterwards, so a group never replays itself.
     """
-    n = response_valid.sum(axis=1)
-    n_correct = (correct & response_valid).sum(axis=1)
-    all_wrong = group_valid & (n > 0) & (n_correct == 0)
-    all_correct = group_valid & (n > 0) & (n_correct == n)
+    all_wrong, all_correct = collapsed(correct, response_valid, group_valid)
     key_c, key_w = jax.random.split(key)
     tok_c, len_c, ok_c = retrieve(buffer.correct, qids, all_wrong, k, key_c)
     tok_w, len_w, ok_w = retrieve(buffer.wrong, qids, all_correct, k, key_w)
     use_c = all_wrong[:, None]
     return Replay(tokens=jnp.where(use_c[..., None], tok_c, tok_w), lengths=jnp.where(use_c, len_c, len_w),
                   correct=jnp.broadcast_to(use_c, ok_c.shape), valid=ok_c | ok_w)
+
+
+def replay_needs(buffer: SampleBuffer, qids, correct, response_valid, group_valid, k: int):
+    """What `cross_context_replay` will fill, known before it draws: ([] int32 replayed responses,
+    [] int32 the longest response it may pick).
+
+    A collapsed group gets min(k, stored responses of the needed kind) of them, whichever are drawn; the
+    longest is over every stored one it may draw from. The host reads both to size the step (`layout.py`)."""
+    all_wrong, all_correct = collapsed(correct, response_valid, group_valid)
+    count, longest = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+    for ring, need in ((buffer.correct, all_wrong), (buffer.wrong, all_correct)):
+        filled = ring.filled[qids] & need[:, None]                              # [P, S]
+        count += jnp.minimum(filled.sum(axis=1), k).sum().astype(jnp.int32)
+        longest = jnp.maximum(longest, jnp.max(jnp.where(filled, ring.lengths[qids], 0), initial=0))
+    return count, longest

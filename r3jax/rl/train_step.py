@@ -1,7 +1,8 @@
 """One R³ training step: a single pure function from (state, graded rollouts) to (state, metrics).
 
 `train_step` reads like Algorithm 1 of R³ (R3-SPEC §7, step 4); helpers below do the work, each
-testable alone. `make_train_step` jits it once with in/out shardings and the state donated.
+testable alone. `make_train_step` jits it with in/out shardings and the state donated; the loss's `Layout`
+(response columns and replay rows, bucketed by the host: `layout.py`) is static, one program per layout.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from r3jax.model import sharding
 from r3jax.rewards import reward as r3_reward
 from r3jax.rl import advantages, dapo, loss, masked, metrics, replay, serr
 from r3jax.rl import batch as rl_batch
+from r3jax.rl import layout as rl_layout
 from r3jax.rl.algorithm import RLConfig
 
 
@@ -36,18 +38,20 @@ class TrainState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Groups:
-    """Every group after R³: G on-policy responses then k replay slots (M = G + k; k = 0 without CCR)."""
+    """Every group after R³: G on-policy responses then k replay slots (M = G + k; k = 0 without CCR), in the
+    W response columns of the step's layout."""
 
-    tokens: jax.Array   # [P, M, T]
-    mask: jax.Array     # [P, M, T]
+    tokens: jax.Array   # [P, M, W]
+    mask: jax.Array     # [P, M, W]
     rewards: jax.Array  # [P, M]
     valid: jax.Array    # [P, M]
     mixed: jax.Array    # [P] received replayed responses
 
 
 def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state: TrainState,
-               batch: rl_batch.RolloutBatch):
-    """One iteration of Algorithm 1 on graded rollouts:
+               batch: rl_batch.RolloutBatch, layout: rl_layout.Layout | None = None):
+    """One iteration of Algorithm 1 on graded rollouts, in the loss layout the host chose for them (W of the T
+    response columns, R replay rows; None: the padded layout, T columns and k replay rows per group):
 
     1. rewards: the grader's R³ rewards (+ DAPO's overlong shaping when on)
     2. SERR: rank truncated failures of all-wrong groups by their entropy curves (§6)
@@ -57,20 +61,22 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
        optimizer state kept, when the loss or the gradient norm is not finite)
     6. write the step's on-policy responses and their counts into the buffer (Algorithm 1, line 11)
     """
-    _check_shapes(cfg, state, batch)
+    layout = layout or rl_layout.full(cfg, batch)
+    _check_shapes(cfg, state, batch, layout)
     key = jax.random.fold_in(state.key, state.step)
+    stored, batch = batch, rl_batch.narrow(batch, layout.width)  # the buffer keeps all T columns
     valid = batch.group_valid[:, None] & (batch.lengths > 0)                       # [P, G]
     rewards = shaped_rewards(cfg, batch)                                           # 1
     rewards, scored = ranking_rewards(cfg, batch, rewards, valid)                  # 2
     groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key)        # 3
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
-    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv)
+    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout.replay_rows)
     micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg)
     loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
     grad_norm = loss.grad_norm(grads)
     params, opt_state, skipped = finite_update(tx, state, grads, jnp.isfinite(loss_value) & jnp.isfinite(grad_norm))
-    buffer = store_responses(cfg, state.buffer, batch, valid, state.step)          # 6
+    buffer = store_responses(cfg, state.buffer, stored, valid, state.step)         # 6
 
     zero_before = advantages.zero_advantage_groups(  # Eq. 1 on the rewards before SERR and CCR
         advantages.group_advantages(shaped_rewards(cfg, batch), valid, jnp.zeros_like(batch.group_valid)), valid,
@@ -94,15 +100,20 @@ def finite_update(tx: optax.GradientTransformation, state: TrainState, grads, fi
             1.0 - finite.astype(jnp.float32))
 
 
-def _check_shapes(cfg: RLConfig, state: TrainState, batch) -> None:
+def _check_shapes(cfg: RLConfig, state: TrainState, batch, layout: rl_layout.Layout) -> None:
     """Shape errors at trace time, naming the numbers (not deep inside a reshape)."""
     p, g, t = batch.tokens.shape
     if state.buffer is not None and t != state.buffer.correct.tokens.shape[2]:
         raise ValueError(f"rollouts have T = {t} response tokens but the buffer stores "
                          f"{state.buffer.correct.tokens.shape[2]} (cfg.max_response_tokens): they must match")
-    rows = p * (g + (cfg.r3.replay_k if cfg.uses_replay else 0))
+    padded = rl_layout.full(cfg, batch)
+    if not (1 <= layout.width <= t and 0 <= layout.replay_rows <= padded.replay_rows):
+        raise ValueError(f"{layout} does not fit rollouts of T = {t} columns and {padded.replay_rows} replay slots")
+    rows = p * g + layout.replay_rows
+    how = (f"P * (G + k) = {p} * ({g} + {layout.replay_rows // p})" if layout.replay_rows == padded.replay_rows
+           else f"P * G + R = {p} * {g} + {layout.replay_rows}")
     if rows % cfg.num_micro_batches:
-        raise ValueError(f"the loss has P * (G + k) = {p} * ({g} + {rows // p - g}) = {rows} rows, not divisible into "
+        raise ValueError(f"the loss has {how} = {rows} rows, not divisible into "
                          f"num_micro_batches = {cfg.num_micro_batches}")
 
 
@@ -142,22 +153,44 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups
                   valid=jnp.concatenate([valid, rep.valid], axis=1), mixed=rep.appended > 0)
 
 
-def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv) -> rl_batch.Sequences:
-    """The loss's rows: [prompt | response] for every on-policy and replayed response, with the sampler's
-    log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass). Prompts are
-    left-aligned here too: a hand-built batch with right-padded prompts would put padding between
-    prompt and response, and the loss would look fine while its gradients are wrong."""
+def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv,
+                replay_rows: int) -> rl_batch.Sequences:
+    """The loss's rows: [prompt | response] for the P·G on-policy responses, then `replay_rows` rows for the
+    filled replay slots (`replay_picks`), with the sampler's log-probs on on-policy tokens and π_ref's (β > 0
+    only: the one extra forward pass). Prompts are left-aligned here too: a hand-built batch with
+    right-padded prompts would put padding between prompt and response, and the loss would look fine while
+    its gradients are wrong."""
     prompt_tokens, prompt_mask = rl_batch.left_align(batch.prompt_tokens, batch.prompt_mask)
-    tokens, attention, response = rl_batch.to_sequences(prompt_tokens, prompt_mask, groups.tokens, groups.mask)
-    p, m = groups.tokens.shape[:2]
-    g, tp = batch.tokens.shape[1], batch.prompt_tokens.shape[1]
-    on_policy = response & (jnp.arange(m) < g)[None, :].repeat(p, axis=0).reshape(-1, 1)
-    sampler = _pad_rows(rl_batch.response_positions(batch.logprobs, tp), p, g, m)
+    p, g, _ = batch.tokens.shape
+    m = groups.tokens.shape[1]
+    pick = replay_picks(groups.valid[:, g:], replay_rows)
+    rows = functools.partial(_loss_rows, g=g, pick=pick)
+    per_slot = lambda x: jnp.broadcast_to(x[:, None], (p, m, *x.shape[1:]))  # noqa: E731  a group's prompt
+    tokens, attention, response = rl_batch.to_sequences(rows(per_slot(prompt_tokens)), rows(per_slot(prompt_mask)),
+                                                        rows(groups.tokens), rows(groups.mask))
+    on_policy = response & (jnp.arange(tokens.shape[0]) < p * g)[:, None]
+    sampler = rl_batch.response_positions(rows(jnp.pad(batch.logprobs, ((0, 0), (0, m - g), (0, 0)))),
+                                          prompt_tokens.shape[1])
     ref = (_no_grad_logprobs(graphdef, cfg, state.ref_params, (tokens, attention, response)) if cfg.beta > 0
            else jnp.zeros(tokens.shape, jnp.float32))
     return rl_batch.Sequences(tokens=tokens, attention=attention, response=response, on_policy=on_policy,
-                              advantages=adv.reshape(-1), sampler_logprobs=jnp.where(on_policy, sampler, 0.0),
+                              advantages=rows(adv), sampler_logprobs=jnp.where(on_policy, sampler, 0.0),
                               ref_logprobs=ref)
+
+
+def replay_picks(replay_valid, replay_rows: int):
+    """[R] indices into the P·k replay slots (flattened [P, k] `replay_valid`) that get a loss row: the filled
+    ones first, in group order (R counts at least those: `layout.choose`), then spare empty ones."""
+    return jnp.argsort(~replay_valid.reshape(-1), stable=True)[:replay_rows]
+
+
+def _loss_rows(x_pm, *, g: int, pick):
+    """[P, M, ...] per slot -> [P·G + R, ...] loss rows: the on-policy slots in group order (a reshape, which
+    keeps the rows' sharding), then the picked replay slots."""
+    p, m = x_pm.shape[:2]
+    on_policy = x_pm[:, :g].reshape(p * g, *x_pm.shape[2:])
+    replayed = x_pm[:, g:].reshape(p * (m - g), *x_pm.shape[2:])[pick]
+    return jnp.concatenate([on_policy, replayed])
 
 
 def store_responses(cfg: RLConfig, buffer, batch, valid, step):
@@ -204,12 +237,6 @@ def _no_grad_logprobs(graphdef, cfg: RLConfig, params, rows):
     return out.reshape(-1, out.shape[-1])
 
 
-def _pad_rows(x_bs, p: int, g: int, m: int):
-    """[P * G, S] on-policy rows -> [P * M, S] with zero rows in the replay slots."""
-    x = x_bs.reshape(p, g, -1)
-    return jnp.pad(x, ((0, 0), (0, m - g), (0, 0))).reshape(p * m, -1)
-
-
 # --- state and the jitted step -----------------------------------------------------------------------
 
 def init_train_state(params, cfg: RLConfig, tx: optax.GradientTransformation, *, num_questions: int, seed: int = 0,
@@ -250,13 +277,14 @@ def state_shardings(state: TrainState, tx: optax.GradientTransformation, mesh) -
 
 def make_train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state: TrainState,
                     batch: rl_batch.RolloutBatch, mesh=None):
-    """`train_step` jitted once: the state is donated and comes back with its input shardings."""
+    """`train_step` jitted: `step(state, batch[, layout])`, the state donated and coming back with its input
+    shardings; each `layout` (static, hashable) compiles once."""
     step = functools.partial(train_step, graphdef, cfg, tx)
     if mesh is None:
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0, static_argnums=2)
     shardings = state_shardings(state, tx, mesh)
     return jax.jit(step, in_shardings=(shardings, rl_batch.batch_shardings(batch, mesh)),
-                   out_shardings=(shardings, None), donate_argnums=0)
+                   out_shardings=(shardings, None), donate_argnums=0, static_argnums=2)
 
 
 def optimizer(cfg: RLConfig) -> optax.GradientTransformation:

@@ -145,7 +145,8 @@ def rl_config(c: ml_collections.ConfigDict, valid_vocab: int | None) -> algorith
 
 
 def loss_rows(c: ml_collections.ConfigDict, rl: algorithm.RLConfig) -> tuple[int, str]:
-    """The train step's rows per update and how they arise: (P + reflection slots) x (G + replayed)."""
+    """The train step's rows per update and how they arise: (P + reflection slots) x (G + replayed). The most a
+    step uses (`rl.layout`: a step with fewer replayed responses runs on fewer rows, in as many micro-batches)."""
     slots = rl.r3.max_reflection_prompts if rl.uses_reflection else 0
     k = rl.r3.replay_k if rl.uses_replay else 0
     rows = (c.prompts_per_step + slots) * (c.samples_per_prompt + k)

@@ -21,6 +21,7 @@ from r3jax import hosts, rewards
 from r3jax import model as rm
 from r3jax.data import iterator as data_iterator
 from r3jax.eval import benchmark, report
+from r3jax.rl import layout as rl_layout
 from r3jax.rl import train_step
 from r3jax.train import checkpoint, logbook, plots, progress, rollouts, summary
 from r3jax.train import config as run_config
@@ -65,7 +66,7 @@ class LoopState:
     skipped_total: int = 0
     skipped_in_a_row: int = 0
     epoch: int = 0
-    recompiles: int = 0  # compilations while sampling or training after a process's first two steps
+    recompiles: int = 0  # compilations after a process's first two steps (a step's new layout excepted)
 
 
 def _keys(seed: int, step: int):
@@ -112,6 +113,17 @@ def _evaluate(run: Run, grader, folder: pathlib.Path, step: int) -> dict:
                               on_batch=keep)
 
 
+def _update(run: Run, step_fn, batch, seen: set) -> tuple[dict, rl_layout.Layout, int]:
+    """The jitted step on `batch` in the layout the host buckets for it (`rl.layout`): (metrics, layout, programs
+    built for a layout new to this process: expected, not recompiles)."""
+    layout = rl_layout.choose(run.rl, run.state.buffer, batch, run.mesh)
+    before = _COMPILES["count"]
+    run.state, metrics = step_fn(run.state, batch, layout)
+    new = 0 if layout in seen else _COMPILES["count"] - before
+    seen.add(layout)
+    return jax.tree.map(hosts.fetch, metrics), layout, new
+
+
 def _save_final(run: Run, workdir: pathlib.Path) -> None:
     final = workdir / "final"
     rm.save_pretrained(rm.merge_params(run.graphdef, run.state.params), final)  # every process gathers; 0 writes
@@ -139,7 +151,7 @@ def train(run: Run, workdir: str) -> int:
     stop = StopRequest()
     stop.install()
     grader = rewards.GradingPool(c.grading.workers, timeout_s=c.grading.timeout_s)
-    step_fn = None
+    step_fn, layouts = None, set()
     bar = progress.TrainProgress(total=c.steps, done=start, quiet=not main)
     try:
         if c.eval_at_start and run.benchmarks and start == 0 and not any(r["step"] == 0 for r in book.rows()):
@@ -147,7 +159,7 @@ def train(run: Run, workdir: str) -> int:
             book.write(0, evaluated)
             bar.print_eval(0, evaluated)
         for step in range(start + 1, c.steps + 1):
-            t0, compiled = time.perf_counter(), _COMPILES["count"]
+            t0, built = time.perf_counter(), _COMPILES["count"]
             qids, loop.epoch = next(it)
             sample_key, reflection_key = _keys(c.seed, step)
             got = rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, loop.epoch,
@@ -157,11 +169,10 @@ def train(run: Run, workdir: str) -> int:
             t1 = time.perf_counter()
             if step_fn is None:
                 step_fn = train_step.make_train_step(run.graphdef, run.rl, run.tx, run.state, got.batch, run.mesh)
-            run.state, metrics = step_fn(run.state, got.batch)
-            metrics = jax.tree.map(hosts.fetch, metrics)
+            metrics, layout, expected = _update(run, step_fn, got.batch, layouts)
             t2 = time.perf_counter()
             if step > start + 2:  # a process compiles its programs in its first two steps; later is a recompile
-                loop.recompiles += _COMPILES["count"] - compiled
+                loop.recompiles += _COMPILES["count"] - built - expected
             loop.skipped_in_a_row = loop.skipped_in_a_row + 1 if metrics["policy/skipped"] else 0
             loop.skipped_total += int(metrics["policy/skipped"])
             evaluated = {}
@@ -171,6 +182,7 @@ def train(run: Run, workdir: str) -> int:
             row = book.write(step, {
                 **metrics, **evaluated, "data/epoch": loop.epoch, "policy/skipped_steps": loop.skipped_total,
                 "compile/count": loop.recompiles,
+                "layout/width": layout.width, "layout/replay_rows": layout.replay_rows,
                 "time/sample_s": got.sample_s, "time/grade_s": got.grade_s, "time/train_s": t2 - t1,
                 "time/eval_s": t3 - t2, "time/other_s": (time.perf_counter() - t0) - (t3 - t1) - got.sample_s
                 - got.grade_s, "tokens_per_s": got.generated_tokens / (time.perf_counter() - t0)})

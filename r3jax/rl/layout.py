@@ -1,0 +1,91 @@
+"""The train step's layout: how many response columns and replay rows one step's loss computes on.
+
+A step's rollouts are [P, G, T] with T the generation budget, but responses are long-tailed: most end long
+before T. And CCR's k replay slots per group (R3-SPEC §4) are filled only in collapsed groups whose question
+has stored responses of the other verdict, often none. Both are known on the host after grading, before the
+step: `choose` reads the longest response the step will use (on-policy, or stored and replayable) and how many
+responses CCR will append, and rounds each up to a bucket. The step then runs on
+
+    P·G on-policy rows + R replay rows,  each [prompt | first W response columns],
+
+instead of P·(G + k) rows of T columns, with the same loss and gradients: the columns and rows it drops are
+masked out of the loss either way. The buffer keeps full-width rows; the step reads their first W columns.
+
+Buckets keep the number of compiled step programs small (one per layout a run meets): W is a power of two of
+at least `RLConfig.bucket_min_width`, capped at T (`bucket_min_width = 0`: always T); R is 0, a quarter, a half
+or all of P·k, rounded up so that the P·G + R rows split into micro-batches whose rows split over the mesh's
+batch devices (`bucket_replay = False`: always P·k, the padded layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from r3jax import hosts
+from r3jax.rl import replay
+from r3jax.rl.algorithm import RLConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Static (part of the compiled step): a new layout is a new program."""
+
+    width: int        # W: response columns of every loss row (<= T)
+    replay_rows: int  # R: loss rows for replayed responses, after the P·G on-policy rows (<= P·k)
+
+
+def full(cfg: RLConfig, batch) -> Layout:
+    """The padded layout: all T columns, k replay rows per group (none without CCR)."""
+    p, _, t = batch.tokens.shape
+    return Layout(width=t, replay_rows=p * cfg.r3.replay_k if cfg.uses_replay else 0)
+
+
+def width_bucket(longest: int, budget: int, minimum: int) -> int:
+    """The smallest power of two >= max(longest, minimum), capped at the budget T (T itself when minimum is 0)."""
+    if not minimum:
+        return budget
+    return min(budget, max(minimum, 1 << max(longest - 1, 0).bit_length()))
+
+
+def replay_bucket(needed: int, on_policy_rows: int, most: int, multiple: int) -> int:
+    """The replay rows for `needed` replayed responses: the first of 0, most/4, most/2 (rounded up, then up
+    again until on_policy_rows + R is a multiple of `multiple`) that holds them, else `most` (P·k, which
+    always splits): at most four programs per width, whatever the batch size."""
+    if not 0 <= needed <= most:
+        raise ValueError(f"{needed} replayed responses do not fit the {most} replay slots")
+    for rows in (0, -(-most // 4), -(-most // 2)):
+        rows += -(on_policy_rows + rows) % multiple
+        if needed <= rows < most:
+            return rows
+    return most
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _needs(buffer, batch, *, k: int):
+    """[3] int32: the longest on-policy response of a valid row (its last masked column), the responses CCR
+    will append (k = 0: none), and the longest stored response it may draw."""
+    valid = batch.group_valid[:, None] & (batch.lengths > 0)                     # as `train_step`
+    columns = jnp.arange(1, batch.tokens.shape[2] + 1)
+    longest = jnp.max(jnp.where(batch.mask & valid[..., None], columns, 0))
+    count, replay_longest = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+    if k:
+        count, replay_longest = replay.replay_needs(buffer, batch.qids, batch.correct, valid, batch.group_valid, k)
+    return jnp.stack([longest.astype(jnp.int32), count, replay_longest])
+
+
+def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
+    """The bucketed layout of the step that will train on `batch` with `buffer` (the state's, before the step)."""
+    p, g, t = batch.tokens.shape
+    padded = full(cfg, batch)
+    k = cfg.r3.replay_k if cfg.uses_replay else 0
+    longest, needed, replay_longest = (int(x) for x in hosts.fetch(_needs(buffer if k else None, batch, k=k)))
+    width = width_bucket(max(longest, replay_longest), t, cfg.bucket_min_width)
+    if not (k and cfg.bucket_replay):
+        return Layout(width=width, replay_rows=padded.replay_rows)
+    devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+    return Layout(width=width, replay_rows=replay_bucket(needed, p * g, padded.replay_rows,
+                                                         cfg.num_micro_batches * devices))
