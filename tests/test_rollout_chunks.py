@@ -35,9 +35,9 @@ def fake_grade(texts, answers, **_):
             for t, a in zip(texts, answers, strict=True)]
 
 
-def step_batch(run, chunk, monkeypatch):
+def step_batch(run, chunk, monkeypatch, slots=0):
     monkeypatch.setattr(rollouts.rewards, "grade_batch", fake_grade)
-    settings = dataclasses.replace(run.settings, sampling_chunk=chunk)
+    settings = dataclasses.replace(run.settings, sampling_chunk=chunk, sampling_slots=slots)
     qids = np.arange(run.questions_per_step)
     with rewards.GradingPool(1, timeout_s=2.0) as grader:
         return rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, 1, cfg=run.rl,
@@ -70,6 +70,14 @@ def test_chunks_keep_the_batch_shape(run, monkeypatch):
         chunked = step_batch(run, chunk, monkeypatch).batch
         for a, b in zip(whole.__dict__.values(), chunked.__dict__.values(), strict=True):
             assert a.shape == b.shape and a.dtype == b.dtype
+
+
+def test_refilled_slots_give_the_step_the_same_batch(run, monkeypatch):
+    whole = step_batch(run, 0, monkeypatch).batch
+    slotted = step_batch(run, 0, monkeypatch, slots=8).batch  # 8 slots over the step's 32 rows
+    np.testing.assert_array_equal(np.asarray(slotted.tokens), np.asarray(whole.tokens))
+    np.testing.assert_array_equal(np.asarray(slotted.correct), np.asarray(whole.correct))
+    np.testing.assert_allclose(np.asarray(slotted.logprobs), np.asarray(whole.logprobs), atol=1e-6)
 
 
 @pytest.mark.parametrize("chunk", [6, 12])

@@ -39,6 +39,7 @@ class EvalSettings:
     top_p: float = 1.0
     batch_size: int = 64                 # questions per sampler call (rows = batch_size * num_samples)
     seed: int = 0
+    slots: int = 0                       # rows decoding at once within a call, refilled as rows end (0: all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,7 @@ def run(model, bench: Benchmark, settings: EvalSettings, *, tokenizer, grader, e
             launched = (batch, generate(model, tokens, mask, jax.random.fold_in(key, batch.ordinal),
                                         max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                         top_p=settings.top_p, eos_ids=eos_ids, num_samples=settings.num_samples,
-                                        valid_vocab=valid_vocab, pad_id=pad_id))
+                                        valid_vocab=valid_vocab, pad_id=pad_id, slots=settings.slots or None))
         if pending is not None:
             samples = _grade(bench, *pending, settings, tokenizer, grader)
             out.extend(samples)

@@ -70,6 +70,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.temperature = 1.0
     c.top_p = 1.0
     c.sampling_chunk = 0                          # rollout rows decoded at once (0: all P·G rows in one call)
+    c.sampling_slots = 0                          # rows one call decodes at a time, a finished row's slot going
+                                                  # to the next waiting row (0: every row of the call at once)
     c.micro_batch_rows = 0                        # loss rows per micro-batch (0: rl.num_micro_batches decides)
     c.steps = 10
     c.seed = 0
@@ -78,7 +80,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval_at_start = False                       # also evaluate the initial policy (step 0): before -> after
     c.keep_checkpoints = 2
     c.eval = ml_collections.ConfigDict(dict(greedy=True, num_samples=1, temperature=0.6, top_p=0.95,
-                                            max_new_tokens=config_dict.placeholder(int), batch_size=64, seed=0))
+                                            max_new_tokens=config_dict.placeholder(int), batch_size=64, seed=0,
+                                            slots=0))  # slots: as sampling_slots, for evaluation
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.grading = ml_collections.ConfigDict(dict(timeout_s=3.0, workers=config_dict.placeholder(int)))
     c.compilation_cache = "~/.cache/r3jax/xla"  # XLA's persistent cache: restarts skip compiling ("" = off)
@@ -181,7 +184,8 @@ def check_values(c: ml_collections.ConfigDict) -> None:
     for name in positive:
         if not isinstance(get(c, name), int) or get(c, name) < 1:
             raise ConfigError(f"config field {name} must be a positive integer, got {get(c, name)!r}")
-    for name in ("checkpoint_every", "eval_every", "sampling_chunk", "micro_batch_rows"):
+    for name in ("checkpoint_every", "eval_every", "sampling_chunk", "sampling_slots", "eval.slots",
+                 "micro_batch_rows"):
         if get(c, name) < 0:
             raise ConfigError(f"config field {name} must be >= 0, got {get(c, name)!r}")
     if not c.temperature > 0:

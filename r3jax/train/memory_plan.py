@@ -159,7 +159,9 @@ def compile_sampler(c, rl, model_cfg: rm.ModelConfig, graphdef, params, s: Shape
     mask = jax.ShapeDtypeStruct((prompts, s.prompt_tokens), bool, sharding=placed)
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype  # no array: there may be no backend to hold one
     key = jax.ShapeDtypeStruct((), key_dtype, sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    return sampler._generate.lower(graphdef, cfg, (prompts * s.samples,), params, tokens, mask, key).compile()
+    rows = prompts * s.samples
+    widths = sampler.slot_widths(min(c.get("sampling_slots", 0) or rows, rows), sampler._row_shards(mesh))
+    return sampler._generate.lower(graphdef, cfg, widths, params, tokens, mask, key).compile()
 
 
 def forward_flops_per_token(m: rm.ModelConfig, attended: int) -> float:
@@ -243,7 +245,8 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
     s = shapes(c, rl, prompt_tokens=prompt_tokens, num_questions=num_questions)
     graphdef, params = abstract_model(c, model_cfg, mesh)
     settings = {"remat": c.model.remat, "num_micro_batches": rl.num_micro_batches, "chunk_size": rl.chunk_size,
-                "sampling_chunk": c.sampling_chunk, "param_dtype": c.model.dtype,
+                "sampling_chunk": c.sampling_chunk, "sampling_slots": c.get("sampling_slots", 0),
+                "param_dtype": c.model.dtype,
                 "compute_dtype": c.model.compute_dtype or c.model.dtype, **dataclasses.asdict(s)}
     out = []
     for program in programs:

@@ -70,6 +70,7 @@ class RolloutSettings:
     reflection_width: int        # their prompt width
     template: reflection.ReflectionTemplate | None
     sampling_chunk: int = 0      # rows per sampler call (0: all rows in one call)
+    sampling_slots: int = 0      # rows decoding at once within a call, refilled as rows end (0: all)
 
 
 def prompt_width(bank: QuestionBank, settings: RolloutSettings) -> int:
@@ -171,7 +172,7 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
                       sample_key if len(calls) == 1 else jax.random.fold_in(sample_key, c),
                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
                       eos_ids=settings.eos_ids, num_samples=g, valid_vocab=settings.valid_vocab,
-                      pad_id=settings.pad_id)
+                      pad_id=settings.pad_id, slots=settings.sampling_slots or None)
              for c, i in enumerate(calls)]                                    # dispatched, not yet done
     rows_qids = np.repeat(np.pad(all_qids, (0, extra), mode="edge"), g)
     rows_valid = np.repeat(np.pad(group_valid, (0, extra)), g)          # padding rows are not graded
