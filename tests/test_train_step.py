@@ -273,28 +273,30 @@ def short_batch(correct, longest, truncated):
                                entropies=b.entropies * mask)
 
 
-@pytest.mark.parametrize("name", ["r3", "grpo"])
-def test_the_bucketed_layout_trains_like_the_padded_one(name):
+@pytest.mark.parametrize("name, stored", [("r3", True), ("r3", False), ("grpo", False)],
+                         ids=["r3_replaying", "r3_nothing_stored", "grpo"])
+def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
     """Responses of at most 3 of T = 6 tokens; groups 0 and 3 all wrong, 1 all correct, 2 mixed; stored: two
     correct answers of question 0 (2 and 4 tokens), one wrong of question 1 (3 tokens). R³ replays 3 responses,
-    so its step runs on W = 4 columns and R = 4 replay rows (not P·k = 8); GRPO's on 4 columns. Same params,
-    metrics and buffer as the padded step."""
+    so its step runs on W = 4 columns and R = 4 replay rows (not P·k = 8); with nothing stored, on no replay
+    rows; GRPO's on 4 columns. Same params, metrics and buffer as the padded step."""
     truncated = np.zeros((P, G), bool)
     truncated[3] = True  # SERR ranks group 3 on its entropies, read in W columns
     batch = short_batch([[False, False], [True, True], [True, False], [False, False]], 3, truncated)
     cfg, tx, graphdef, state = setup(name, sgd=True, bucket_min_width=2)
-    if state.buffer is not None:
+    if stored:
         rng = np.random.RandomState(5)
         stored = replay.insert(state.buffer, jnp.array([0, 0, 1]), jnp.asarray(rng.randint(1, V, (3, T)), jnp.int32),
                                jnp.array([2, 4, 3]), jnp.array([True, True, False]), jnp.ones((3,), bool), 0)
         state = dataclasses.replace(state, buffer=stored)
     chosen = layout.choose(cfg, state.buffer, batch)
-    assert chosen == layout.Layout(width=4, replay_rows=4 if name == "r3" else 0)
+    assert chosen == layout.Layout(width=4, replay_rows=4 if stored else 0)
     step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
     padded, padded_m = step(jax.tree.map(jnp.copy, state), batch)
     bucketed, bucketed_m = step(state, batch, chosen)
     if name == "r3":
-        assert float(padded_m["r3/ccr_appended"]) == 3.0 and float(padded_m["r3/serr_scored"]) == G
+        assert float(padded_m["r3/ccr_appended"]) == (3.0 if stored else 0.0)
+        assert float(padded_m["r3/serr_scored"]) == G
     for a, b in zip(jax.tree.leaves(bucketed.params), jax.tree.leaves(padded.params), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
     assert padded_m.keys() == bucketed_m.keys()

@@ -68,7 +68,7 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     valid = batch.group_valid[:, None] & (batch.lengths > 0)                       # [P, G]
     rewards = shaped_rewards(cfg, batch)                                           # 1
     rewards, scored = ranking_rewards(cfg, batch, rewards, valid)                  # 2
-    groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key)        # 3
+    groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key, layout.replay_rows)  # 3
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
     seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout.replay_rows)
@@ -134,9 +134,11 @@ def ranking_rewards(cfg: RLConfig, batch, rewards, valid):
     return jnp.where(scored, serr_r, rewards), ranked
 
 
-def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key) -> Groups:
-    """CCR (R3-SPEC §4): k replay slots per group, filled for collapsed groups from the buffer."""
-    if not cfg.uses_replay:
+def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key, replay_rows: int | None = None) -> Groups:
+    """CCR (R3-SPEC §4): k replay slots per group, filled for collapsed groups from the buffer. No slots when
+    the layout has no replay rows: the host found nothing to replay (`layout.choose`), and the step then
+    neither reads the buffer nor carries empty slots."""
+    if not cfg.uses_replay or replay_rows == 0:
         return Groups(batch.tokens, batch.mask & valid[..., None], rewards, valid, jnp.zeros_like(batch.group_valid))
     rep = replay.cross_context_replay(buffer, batch.qids, batch.correct, valid, batch.group_valid, cfg.r3.replay_k,
                                       key)
