@@ -53,7 +53,11 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pass_k", type=ints, default=None, help="default: 1, 2, 4, ... up to num_samples")
     p.add_argument("--batch_size", type=int, default=None, help="questions per sampler call (default by platform)")
+    p.add_argument("--slots", type=int, default=0, help="rows decoding at once within a sampler call; a finished "
+                   "row's slot goes to the next waiting row (0: all rows of the call; the samples are the same)")
     p.add_argument("--timeout_s", type=float, default=5.0, help="grading time limit per answer")
+    p.add_argument("--compilation_cache", default="~/.cache/r3jax/xla", help="XLA's persistent compilation cache "
+                   "(train.py's default): a rerun compiles nothing; '' turns it off, JAX_COMPILATION_CACHE_DIR wins")
     hosts = p.add_argument_group("several hosts (the same command on each; --output a folder they share)")
     hosts.add_argument("--distributed", action="store_true", help="join the other hosts with jax.distributed, "
                        "found by JAX's cluster detection (TPU VMs, SLURM, Open MPI)")
@@ -84,6 +88,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     files = data_files(args)
     pass_k = args.pass_k or [2 ** i for i in range(args.num_samples.bit_length()) if 2 ** i <= args.num_samples]
+    if args.slots < 0:
+        fail(f"--slots must be >= 0, got {args.slots}")
     if args.num_samples < 1 or max(pass_k) > args.num_samples:
         fail(f"--num_samples {args.num_samples} is smaller than the largest --pass_k {max(pass_k)}")
     if args.temperature == 0 and args.num_samples > 1:
@@ -93,11 +99,13 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from r3jax import hosts, rewards
+    from r3jax import compiles, hosts, rewards
     from r3jax.data import problems as data_problems
     from r3jax.eval import benchmark, policy, report
     from r3jax.model import sharding
 
+    compiles.use_persistent_cache(args.compilation_cache)
+    compiles.start_counting()
     try:
         hosts.initialize(args.coordinator_address, args.num_processes, args.process_id, auto=args.distributed,
                          heartbeat_timeout_s=args.heartbeat_timeout_s)
@@ -116,7 +124,7 @@ def main(argv=None) -> int:
     batch_size = args.batch_size or -(-default_batch // devices) * devices
     settings = benchmark.EvalSettings(max_new_tokens=max(args.max_new_tokens), num_samples=args.num_samples,
                                       temperature=args.temperature, top_p=args.top_p, batch_size=batch_size,
-                                      seed=args.seed)
+                                      seed=args.seed, slots=args.slots)
     recorded = {"data": files, "num_samples": args.num_samples, "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "limit": args.limit,
                 "batch_size": batch_size, "pass_k": pass_k, "model": loaded.identity}
@@ -162,6 +170,7 @@ def main(argv=None) -> int:
     report.plot_pass_at_k(results, output / "pass_at_k.png")
     report.print_table(results, console)
     console.print(f"results: {output / 'results.json'}  samples: {output / 'samples.jsonl'}")
+    console.print(f"compile: {compiles.counts().describe()}", highlight=False, soft_wrap=True)
     return 0
 
 

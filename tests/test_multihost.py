@@ -24,7 +24,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny.py")]
 EVAL = [sys.executable, str(REPO / "eval.py")]
 RUN = ["--config.steps=3", "--config.checkpoint_every=1", "--config.eval_every=0", "--config.data.eval_limit=4"]
-TIMING = ("time/", "tokens_per_s")
+TIMING = ("time/", "tokens_per_s", "compile/seconds", "compile/cache_hits", "compile/count_total")
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny.py")]
-TIMING_KEYS = ("time/", "tokens_per_s")
+TIMING_KEYS = ("time/", "tokens_per_s", "compile/seconds", "compile/cache_hits", "compile/count_total")
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,24 @@ def test_final_model_reloads_in_transformers_with_the_same_logits(reference):
     ours, _ = rm.load_pretrained(folder)
     got = np.asarray(ours(np.array([ids]), attention_mask=np.ones((1, len(ids)), bool)))
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_a_second_identical_run_compiles_nothing(tmp_path):
+    """The config's persistent cache (no JAX_* cache variables: the defaults of a user's run) in a fresh folder:
+    the first run compiles and says how long it took; the second, in another workdir, reads every program."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    cache = f"--config.compilation_cache={tmp_path / 'cache'}"
+    outputs = []
+    for name in ("first", "second"):
+        done = train({**env, "PYTHONUNBUFFERED": "1"}, tmp_path / name, cache, "--config.steps=2")
+        assert done.returncode == 0, done.stderr + done.stdout
+        outputs.append(done.stdout)
+    first, second = rows(tmp_path / "first"), rows(tmp_path / "second")
+    assert first[0]["compile/count_total"] > 10 and first[0]["compile/seconds"] > 0
+    assert first[0]["compile/cache_hits"] == 0 and "compile: built" in outputs[0]
+    assert [r["compile/count_total"] for r in second] == [0, 0]  # counted: nothing compiled
+    assert second[-1]["compile/cache_hits"] == first[-1]["compile/count_total"]
+    assert "from the persistent cache" in outputs[1]
 
 
 @pytest.mark.parametrize("kill_after_rows", [4, 5], ids=["at_epoch_end_mid_save", "mid_step"])

@@ -17,7 +17,7 @@ import time
 
 import jax
 
-from r3jax import hosts, rewards
+from r3jax import compiles, hosts, rewards
 from r3jax import model as rm
 from r3jax.data import iterator as data_iterator
 from r3jax.eval import benchmark, report
@@ -28,15 +28,6 @@ from r3jax.train import config as run_config
 from r3jax.train.setup import Run, SetupError
 
 MAX_SKIPPED_IN_A_ROW = 3
-_COMPILES = {"count": 0}
-
-
-def _count_compiles(event: str, *_, **__) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _COMPILES["count"] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 
 
 class TrainingError(RuntimeError):
@@ -117,9 +108,9 @@ def _update(run: Run, step_fn, batch, seen: set) -> tuple[dict, rl_layout.Layout
     """The jitted step on `batch` in the layout the host buckets for it (`rl.layout`): (metrics, layout, programs
     built for a layout new to this process: expected, not recompiles)."""
     layout = rl_layout.choose(run.rl, run.state.buffer, batch, run.mesh)
-    before = _COMPILES["count"]
+    before = compiles.counts().programs
     run.state, metrics = step_fn(run.state, batch, layout)
-    new = 0 if layout in seen else _COMPILES["count"] - before
+    new = 0 if layout in seen else compiles.counts().programs - before
     seen.add(layout)
     return jax.tree.map(hosts.fetch, metrics), layout, new
 
@@ -159,7 +150,7 @@ def train(run: Run, workdir: str) -> int:
             book.write(0, evaluated)
             bar.print_eval(0, evaluated)
         for step in range(start + 1, c.steps + 1):
-            t0, built = time.perf_counter(), _COMPILES["count"]
+            t0, built = time.perf_counter(), compiles.counts().programs
             qids, loop.epoch = next(it)
             sample_key, reflection_key = _keys(c.seed, step)
             got = rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, loop.epoch,
@@ -172,7 +163,7 @@ def train(run: Run, workdir: str) -> int:
             metrics, layout, expected = _update(run, step_fn, got.batch, layouts)
             t2 = time.perf_counter()
             if step > start + 2:  # a process compiles its programs in its first two steps; later is a recompile
-                loop.recompiles += _COMPILES["count"] - built - expected
+                loop.recompiles += compiles.counts().programs - built - expected
             loop.skipped_in_a_row = loop.skipped_in_a_row + 1 if metrics["policy/skipped"] else 0
             loop.skipped_total += int(metrics["policy/skipped"])
             evaluated = {}
@@ -181,12 +172,14 @@ def train(run: Run, workdir: str) -> int:
             t3 = time.perf_counter()
             row = book.write(step, {
                 **metrics, **evaluated, "data/epoch": loop.epoch, "policy/skipped_steps": loop.skipped_total,
-                "compile/count": loop.recompiles,
+                "compile/count": loop.recompiles, **compiles.counts().metrics(),
                 "layout/width": layout.width, "layout/replay_rows": layout.replay_rows,
                 "time/sample_s": got.sample_s, "time/grade_s": got.grade_s, "time/train_s": t2 - t1,
                 "time/eval_s": t3 - t2, "time/other_s": (time.perf_counter() - t0) - (t3 - t1) - got.sample_s
                 - got.grade_s, "tokens_per_s": got.generated_tokens / (time.perf_counter() - t0)})
             bar.update(step, row)
+            if step == start + 1:
+                bar.print_note(f"compile: {compiles.counts().describe()} up to step {step}")
             if evaluated:
                 bar.print_eval(step, evaluated)
                 if main:

@@ -47,6 +47,9 @@ class TrainProgress:
         self._progress.console.print(f"eval @ step {step}: " + "  ".join(parts) +
                                      f"  avg {metrics.get('eval/avg/pass@1', float('nan')):.3f}")
 
+    def print_note(self, text: str) -> None:
+        self._progress.console.print(text, highlight=False, soft_wrap=True)
+
     def close(self) -> None:
         if not self._closed:
             self._progress.stop()

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from r3jax import compiles
 from r3jax import model as rm
 from r3jax.data import problems as data_problems
 from r3jax.data import prompts
@@ -110,9 +111,8 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         run_config.check_values(c)
     except run_config.ConfigError as e:
         raise SetupError(str(e)) from e
-    if c.compilation_cache and not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(c.compilation_cache))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    compiles.use_persistent_cache(c.compilation_cache)  # before anything compiles (JAX_COMPILATION_CACHE_DIR wins)
+    compiles.start_counting()
     if c.model.path is not None and not _HUB_ID.fullmatch(c.model.path):
         _exists(c.model.path, "model.path", "model folder")  # else a hub id, fetched when the hub is reachable
     tokenizer_path = run_config.tokenizer_path(c)
@@ -166,7 +166,7 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
     eval_settings = benchmark.EvalSettings(
         max_new_tokens=c.eval.max_new_tokens or c.max_new_tokens, num_samples=c.eval.num_samples,
         temperature=0.0 if c.eval.greedy else c.eval.temperature, top_p=1.0 if c.eval.greedy else c.eval.top_p,
-        batch_size=c.eval.batch_size, seed=c.eval.seed)
+        batch_size=c.eval.batch_size, seed=c.eval.seed, slots=c.eval.slots)
     return Run(config=c, rl=rl, mesh=mesh, tokenizer=tokenizer, model_config=model_cfg, graphdef=graphdef,
                state=state, tx=tx, bank=bank, settings=settings, benchmarks=benchmarks, eval_settings=eval_settings,
                questions_per_step=questions)
@@ -182,7 +182,8 @@ def _rollout_settings(c, rl: RLConfig, tokenizer, bank) -> rollouts.RolloutSetti
     return rollouts.RolloutSettings(
         num_samples=c.samples_per_prompt, max_new_tokens=rl.max_response_tokens, temperature=rl.temperature,
         top_p=c.top_p, eos_ids=(tokenizer.eos_token_id,), pad_id=pad_id, valid_vocab=rl.valid_vocab,
-        reflection_prompts=slots, reflection_width=width, template=template, sampling_chunk=c.sampling_chunk)
+        reflection_prompts=slots, reflection_width=width, template=template, sampling_chunk=c.sampling_chunk,
+        sampling_slots=c.sampling_slots)
 
 
 def _load_benchmark(name, path, tokenizer, c):
