@@ -195,7 +195,8 @@ def test_sharded_run_equals_single_device(checkpoint):
     tokens, mask = np.concatenate([tokens, tokens[:1]]), np.concatenate([mask, mask[:1]])  # 4 prompts
     a = generate(model, tokens, mask, jax.random.key(6), max_new_tokens=8, num_samples=2, eos_ids=(5,))
     b = generate(sharded, tokens, mask, jax.random.key(6), max_new_tokens=8, num_samples=2, eos_ids=(5,))
-    assert b.tokens.sharding.spec[0] == ("data", "fsdp")
+    for x in jax.tree.leaves(b):  # every output split by row, as the prompts are
+        assert x.sharding.spec[0] == ("data", "fsdp")
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.entropies), np.asarray(b.entropies), atol=1e-5)
 

@@ -63,6 +63,7 @@ ACTIVATION_SPECS = {
     "act_btf": P(BATCH, None, "tensor"),
     "act_btv": P(BATCH, None, "tensor"),
     "act_bt": P(BATCH, None),
+    "act_b": P(BATCH),
     # The embedding table as the token lookup reads it: whole along fsdp (all-gathered, as FSDP does for
     # every weight before use), vocabulary still split over tensor. Gathering rows straight out of the
     # train layout, whose D is split over fsdp, gives rows split along D that XLA cannot reshard to

@@ -191,7 +191,7 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], params, pr
         state = jax.lax.while_loop(functools.partial(_keep_width, narrower), step_fn, state)
         if narrower:
             state = _narrow(state, narrower)
-    return _finish(state, cfg), {"steps": state.step, "slot_steps": state.slot_steps}
+    return _finish(state, cfg, model.mesh), {"steps": state.step, "slot_steps": state.slot_steps}
 
 
 def _keep_width(narrower: int, state: SamplingState) -> jax.Array:
@@ -287,9 +287,11 @@ def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache
         ended=state.ended.at[at[0]].set(ended, mode="drop"))
 
 
-def _finish(state: SamplingState, cfg: SamplingConfig) -> Rollout:
+def _finish(state: SamplingState, cfg: SamplingConfig, mesh) -> Rollout:
+    """The per-row outputs, masked after each end and split over the devices by row (as the prompts were)."""
     mask = response_mask(state.lengths, cfg.max_new_tokens)
-    return Rollout(tokens=mask_after_end(state.tokens, mask, cfg.pad_id),
-                   logprobs=mask_after_end(state.logprobs, mask, 0.0),
-                   entropies=mask_after_end(state.entropies, mask, 0.0),
-                   mask=mask, lengths=state.lengths, truncated=~state.ended)
+    rows = lambda x: x if mesh is None else sharding.constrain(x, "act_bt" if x.ndim == 2 else "act_b", mesh)  # noqa: E731
+    return jax.tree.map(rows, Rollout(tokens=mask_after_end(state.tokens, mask, cfg.pad_id),
+                                      logprobs=mask_after_end(state.logprobs, mask, 0.0),
+                                      entropies=mask_after_end(state.entropies, mask, 0.0),
+                                      mask=mask, lengths=state.lengths, truncated=~state.ended))
