@@ -115,11 +115,14 @@ def test_an_interrupted_batch_leaves_the_pool_usable(grader):
     def interrupt(*_):
         raise KeyboardInterrupt
 
+    # Answers no earlier test graded (the pool caches verdicts): ~3 s of grading here, so the alarm at 0.3 s
+    # lands mid-batch (400 cached-free integers once took 0.18 s, and the alarm came after the batch).
+    answers = [f"{i}.25" for i in range(6000)]
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.3)
         with pytest.raises(KeyboardInterrupt):
-            grader.grade([str(i) for i in range(400)], [str(i) for i in range(400)])
+            grader.grade(answers, answers)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
