@@ -175,4 +175,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from r3jax import allocator
+
+    allocator.use_huge_pages()  # XLA:CPU's per-call buffers in huge pages (re-executes this command once)
     sys.exit(main())

@@ -19,6 +19,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from r3jax import allocator
 from r3jax.train import config as run_config
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "arith.py")
@@ -92,5 +93,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    allocator.use_huge_pages()  # XLA:CPU's per-call buffers in huge pages (re-executes this command once)
     check_command_line(sys.argv)
     app.run(main)

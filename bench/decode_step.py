@@ -17,6 +17,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from r3jax import allocator  # noqa: E402
+
+allocator.use_huge_pages()  # every system in this process gets huge pages (re-executes once)
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
