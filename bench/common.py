@@ -37,3 +37,36 @@ def main_over_cases(cases: dict, run, default_rounds: int) -> None:
     args = parser.parse_args()
     for name in args.cases:
         run(name, cases[name], args.rounds)
+
+
+def protocol_out():
+    """For a worker process driven over stdin/stdout: returns a line-buffered handle on the real stdout and
+    points fd 1 (and sys.stdout) at stderr, so prints and logs from libraries never corrupt the protocol."""
+    import os
+
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def serve(out, timed: dict, queries: dict, ready: dict) -> None:
+    """Worker loop: sends `ready` as one JSON line on `out`, then answers one JSON line per request line on stdin.
+
+    A request is a JSON object {"op": NAME, ...}. If NAME is in `timed`, the worker runs timed[NAME]() once
+    and answers {"s": seconds}; if it is in `queries`, it answers queries[NAME](**rest), a dict; "quit" ends
+    the loop. Nothing runs between requests, so an idle worker only waits on stdin.
+    """
+    print(json.dumps(ready), file=out, flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.pop("op")
+        if op == "quit":
+            return
+        if op in timed:
+            start = time.perf_counter()
+            timed[op]()
+            reply = {"s": time.perf_counter() - start}
+        else:
+            reply = queries[op](**request)
+        print(json.dumps(reply), file=out, flush=True)

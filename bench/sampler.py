@@ -1,34 +1,46 @@
-"""New tokens/s of r3jax `generate` vs transformers `generate` (PyTorch, CPU) on the same random weights.
+"""New tokens/s of r3jax `generate` vs transformers `generate` (PyTorch, CPU) vs Tunix's `Sampler`, same random weights.
 
-Usage: python bench/sampler.py [--rounds 3] [--cases small medium wide]
-Both sample at temperature 1 with no top-k/top-p and no end token, so every row generates exactly
-max_new_tokens. Rounds alternate between the two; medians are reported with their spread. One JSON
-line per case; the wide case also reports achieved FLOP/s against a jitted matmul timed in the same run.
+Usage: python bench/sampler.py [--rounds 3] [--cases small medium wide] [--tunix_python /work/venvs/tunix/bin/python]
+       [--greedy_steps 8] [--torch_threads N]
+
+Each system runs in its own process, so none shares an interpreter, thread pools or allocator with another:
+the driver writes one Qwen2ForCausalLM (`save_pretrained`, safetensors) and the prompts into a temp folder
+per case, then starts a worker per system on that folder: `python bench/sampler.py --worker r3jax|transformers`
+with this Python, and bench/sampler_tunix.py with --tunix_python (google-tunix==0.1.7 needs safetensors<0.8,
+hence transformers 5.12.1: its own virtualenv). Workers start one after another, load, and warm up with one
+full call (compile included); then each waits on stdin. Per round the driver asks each worker in turn to
+time one call (the starting system rotates every round), so only one system computes at a time while the
+others sit idle on stdin. Without --tunix_python, Tunix is skipped: "tunix": null and a "tunix_note".
+
+All sample at temperature 1 with no top-k/top-p and no end token, so every row generates exactly
+max_new_tokens (Tunix: top_p=1.0, which it runs as a plain categorical draw). One JSON line per case: per
+system median/min/max seconds and new tokens/s, the ratios, the greedy tokens' agreement with transformers
+over the first few steps, the 1/5/15-minute load averages before and after the timed rounds, and the CPU
+that other processes used during them (cores busy, from /proc, ours excluded), plus any pytest seen running;
+per system, "cpu_s_while_others_timed" checks that an idle worker really stays idle.
 
 Each case also times a floor: only the weight matmuls of `new` decode steps at batch B (every projection,
-MLP and the vocabulary head, [out, in] weights, chained so nothing is elided), jitted as one loop, and the
-same matmuls in torch. `matmul_floor_ratio` = (tokens/s if a decode step cost only its XLA matmuls) /
-transformers tokens/s: the highest ratio any XLA sampler could reach on this machine at that shape.
+MLP and the vocabulary head, [out, in] weights, chained so nothing is elided), jitted as one loop in the
+r3jax worker, and the same matmuls in torch in the transformers worker. `matmul_floor_ratio` = (tokens/s if
+a decode step cost only its XLA matmuls) / transformers tokens/s: the highest ratio any XLA sampler could
+reach on this machine at that shape. The wide case also reports r3jax's achieved FLOP/s against a jitted
+matmul timed in the r3jax worker.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from common import alternate, emit, main_over_cases  # noqa: E402
-from model_forward import matmul_gflops  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-
-from r3jax import model as rm  # noqa: E402
-from r3jax.sampling import generate  # noqa: E402
+from common import emit, protocol_out, serve  # noqa: E402
 
 VOCAB, PROMPT = 2048, 32
 CASES = {
@@ -39,6 +51,8 @@ CASES = {
     "wide": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=2, num_attention_heads=12,
                  num_key_value_heads=2, batch=16, new=64),
 }
+ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+MATMUL_M, MATMUL_K, MATMUL_N = 2048, 1536, 8960  # the reference matmul's [M, K] x [K, N]
 
 
 def decode_flops_per_token(c: dict, cache_len: float) -> float:
@@ -49,8 +63,10 @@ def decode_flops_per_token(c: dict, cache_len: float) -> float:
     return 2 * (layers * per_layer + d * VOCAB)
 
 
-def matmul_floor(c: dict, batch: int, steps: int, rounds: int) -> dict:
-    """Seconds for `steps` decode steps' weight matmuls alone at [batch, D], XLA and torch, timed alternately."""
+def floor_weights(c: dict, batch: int):
+    """Random [out, in] weights of every layer's projections and MLP, the head, and a [batch, D] input."""
+    import numpy as np
+
     d, f, n, k, layers = (c[x] for x in ("hidden_size", "intermediate_size", "num_attention_heads",
                                          "num_key_value_heads", "num_hidden_layers"))
     h = d // n
@@ -58,89 +74,312 @@ def matmul_floor(c: dict, batch: int, steps: int, rounds: int) -> dict:
     rng = np.random.RandomState(1)
     weights = [[rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes] for _ in range(layers)]
     head = rng.standard_normal((VOCAB, d)).astype(np.float32) * 0.02
-    x0 = rng.standard_normal((batch, d)).astype(np.float32)
+    return weights, head, rng.standard_normal((batch, d)).astype(np.float32)
 
-    def step_jax(x, ws, head_w):
-        for wq, wk, wv, wo, wg, wu, wd in ws:
-            q = x @ wq.T
-            kv = (x @ wk.T).sum() + (x @ wv.T).sum()
-            x = x + (q @ wo.T) * 1e-3 + kv * 1e-6
-            x = x + ((x @ wg.T) * (x @ wu.T)) @ wd.T * 1e-3
-        return x + (x @ head_w.T).mean(-1, keepdims=True) * 1e-3
 
-    loop = jax.jit(lambda x, ws, hw: jax.lax.fori_loop(0, steps, lambda _, x: step_jax(x, ws, hw), x))
-    ws_j = jax.device_put(weights)
-    hw_j = jax.device_put(head)
+def floor_step(x, layers, head, keepdims: dict):
+    """One decode step's weight matmuls, chained; works on jax arrays and torch tensors alike."""
+    for wq, wk, wv, wo, wg, wu, wd in layers:
+        q = x @ wq.T
+        kv = (x @ wk.T).sum() + (x @ wv.T).sum()
+        x = x + (q @ wo.T) * 1e-3 + kv * 1e-6
+        x = x + ((x @ wg.T) * (x @ wu.T)) @ wd.T * 1e-3
+    return x + (x @ head.T).mean(-1, **keepdims) * 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------- workers
+
+
+def worker_r3jax(out, folder: str, case: dict, _threads: int | None) -> None:
+    start = time.perf_counter()
+    import jax
+    import numpy as np
+
+    from r3jax import model as rm
+    from r3jax.sampling import generate
+
+    model, _ = rm.load_pretrained(folder)
+    params = rm.split_params(model)
+    prompts = np.load(os.path.join(folder, "prompts.npy"))
+    mask = np.ones_like(prompts, bool)
+    new = case["new"]
+    calls = iter(range(10**6))
+    load_s = time.perf_counter() - start
+
+    def sample(steps: int, temperature: float):
+        result = generate(params, prompts, mask, jax.random.key(next(calls)), max_new_tokens=steps,
+                       temperature=temperature)
+        jax.block_until_ready(result.tokens)
+        assert int(result.lengths.min()) == steps
+        return result
+
+    weights, head, x0 = floor_weights(case, prompts.shape[0])
+    loop = jax.jit(lambda x, ws, hw: jax.lax.fori_loop(0, new, lambda _, x: floor_step(x, ws, hw, {"keepdims": True}),
+                                                       x))
+    ws_j, hw_j = jax.device_put(weights), jax.device_put(head)
+    mm = jax.jit(lambda a, b: a @ b)
+    a, b = jax.numpy.ones((MATMUL_M, MATMUL_K)), jax.numpy.ones((MATMUL_K, MATMUL_N))
+
+    start = time.perf_counter()
+    sample(new, 1.0)
+    first_s = time.perf_counter() - start
     loop(x0, ws_j, hw_j).block_until_ready()
+    mm(a, b).block_until_ready()
+    serve(out, {"generate": lambda: sample(new, 1.0), "floor": lambda: loop(x0, ws_j, hw_j).block_until_ready(),
+                "matmul": lambda: mm(a, b).block_until_ready()},
+          {"greedy": lambda steps: {"tokens": np.asarray(sample(steps, 0.0).tokens).tolist()}},
+          {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
+           "versions": {"jax": jax.__version__}})
+
+
+def worker_transformers(out, folder: str, case: dict, threads: int | None) -> None:
+    start = time.perf_counter()
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import Qwen2ForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+
+    hf = Qwen2ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = torch.tensor(np.load(os.path.join(folder, "prompts.npy")))
+    mask = torch.ones_like(prompts)
+    new = case["new"]
+    load_s = time.perf_counter() - start
+
+    def sample(steps: int, greedy: bool):
+        with torch.no_grad():
+            kw = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            result = hf.generate(prompts, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                                 pad_token_id=0, **kw)
+        assert result.shape[1] == prompts.shape[1] + steps
+        return result[:, prompts.shape[1]:]
+
+    weights, head, x0 = floor_weights(case, prompts.shape[0])
     ws_t = [[torch.from_numpy(w) for w in layer] for layer in weights]
     hw_t, x_t = torch.from_numpy(head), torch.from_numpy(x0)
 
-    def torch_loop():
+    def floor():
         with torch.no_grad():
             x = x_t
-            for _ in range(steps):
-                for wq, wk, wv, wo, wg, wu, wd in ws_t:
-                    q = x @ wq.T
-                    kv = (x @ wk.T).sum() + (x @ wv.T).sum()
-                    x = x + (q @ wo.T) * 1e-3 + kv * 1e-6
-                    x = x + ((x @ wg.T) * (x @ wu.T)) @ wd.T * 1e-3
-                x = x + (x @ hw_t.T).mean(-1, keepdim=True) * 1e-3
+            for _ in range(new):
+                x = floor_step(x, ws_t, hw_t, {"keepdim": True})
         return x
 
-    timed = alternate({"xla": lambda: loop(x0, ws_j, hw_j).block_until_ready(), "torch": torch_loop}, rounds)
-    return {name: t["median_s"] for name, t in timed.items()}
-
-
-def run(name: str, case: dict, rounds: int):
-    arch = {k: v for k, v in case.items() if k not in ("batch", "new")}
-    torch.manual_seed(0)
-    hf = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, tie_word_embeddings=False, **arch)).eval()
-    with tempfile.TemporaryDirectory() as folder:
-        hf.save_pretrained(folder)
-        model, _ = rm.load_pretrained(folder)
-    b, n = case["batch"], case["new"]
-    prompts = np.random.RandomState(0).randint(0, VOCAB, (b, PROMPT))
-    mask = np.ones_like(prompts, bool)
-    params = rm.split_params(model)
-    calls = iter(range(10**6))
-
-    def ours():
-        out = generate(params, prompts, mask, jax.random.key(next(calls)), max_new_tokens=n, temperature=1.0)
-        jax.block_until_ready(out.tokens)
-        assert int(out.lengths.min()) == n
-
-    def theirs():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor(prompts), attention_mask=torch.tensor(mask.astype(np.int64)),
-                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
-                              min_new_tokens=n, pad_token_id=0)
-        assert out.shape[1] == PROMPT + n
-
     start = time.perf_counter()
-    ours()
-    compile_s = time.perf_counter() - start
-    timed = alternate({"r3jax": ours, "transformers": theirs}, rounds)
-    ours_tps, ref_tps = b * n / timed["r3jax"]["median_s"], b * n / timed["transformers"]["median_s"]
+    sample(new, greedy=False)
+    first_s = time.perf_counter() - start
+    floor()
+    serve(out, {"generate": lambda: sample(new, greedy=False), "floor": floor},
+          {"greedy": lambda steps: {"tokens": sample(steps, greedy=True).tolist()}},
+          {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
+           "torch_threads": torch.get_num_threads(),
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__}})
+
+
+# ----------------------------------------------------------------------------------------------------- driver
+
+
+class Worker:
+    """One system's worker process, spoken to in JSON lines; its stderr goes to a log file."""
+
+    def __init__(self, name: str, argv: list, log_path: str, env: dict | None = None):
+        self.name, self.log_path = name, log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, bufsize=1, env=env)
+        self.ready = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=60)
+            with open(self.log_path) as f:
+                tail = f.read()[-3000:]
+            raise RuntimeError(f"{self.name} worker ended (exit {self.proc.returncode}); its stderr ends:\n{tail}")
+        return json.loads(line)
+
+    def ask(self, op: str, **kw) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def pytest_pids(ours) -> list[int]:
+    """Processes other than ours whose command line mentions pytest (a CI run slows every figure)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in ours:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"pytest" in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def summary(times: list, tokens: int) -> dict:
+    med = statistics.median(times)
+    return {"new_tokens_per_s": round(tokens / med, 1), "median_s": round(med, 3), "min_s": round(min(times), 3),
+            "max_s": round(max(times), 3), "times_s": [round(t, 3) for t in times]}
+
+
+def process_ticks(pid: int) -> int:
+    """CPU ticks (user + system, all threads) a process has used so far, from /proc; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read().rsplit(")", 1)[1].split()
+        return int(stat[11]) + int(stat[12])
+    except (OSError, IndexError):
+        return 0
+
+
+def cpu_ticks(pids) -> tuple[int, int]:
+    """(busy ticks of the whole machine, ticks used by `pids`) from /proc."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(process_ticks(pid) for pid in pids)  # busy: not idle/iowait
+
+
+def alternate_workers(workers: dict, op: str, rounds: int, idle_ticks: dict | None = None) -> dict:
+    """name -> seconds of `rounds` calls of `op`, one call per worker per round; the first worker rotates.
+
+    idle_ticks, if given, accumulates name -> CPU ticks each worker used while another one was being timed."""
+    names = list(workers)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            before = {k: process_ticks(w.proc.pid) for k, w in workers.items() if k != name}
+            times[name].append(workers[name].ask(op)["s"])
+            if idle_ticks is not None:
+                for k, t in before.items():
+                    idle_ticks[k] = idle_ticks.get(k, 0) + process_ticks(workers[k].proc.pid) - t
+    return times
+
+
+def agreement(ours: list, ref: list) -> dict:
+    flat = [a == b for row_a, row_b in zip(ours, ref, strict=True) for a, b in zip(row_a, row_b, strict=True)]
+    return {"tokens_equal": round(sum(flat) / len(flat), 4),
+            "rows_equal": round(sum(a == b for a, b in zip(ours, ref, strict=True)) / len(ref), 4)}
+
+
+def write_folder(folder: str, arch: dict, batch: int) -> None:
+    import numpy as np
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, tie_word_embeddings=False, **arch)).eval().save_pretrained(folder)
+    np.save(os.path.join(folder, "prompts.npy"), np.random.RandomState(0).randint(0, VOCAB, (batch, PROMPT)))
+
+
+def run(name: str, case: dict, args) -> dict:
+    arch = {k: case[k] for k in ARCH_KEYS}
+    b, n = case["batch"], case["new"]
     record = {"bench": "sampler", "case": name, "batch": b, "new_tokens": n, "prompt": PROMPT, "vocab": VOCAB,
-              **arch, "r3jax_new_tokens_per_s": round(ours_tps, 1),
-              "transformers_new_tokens_per_s": round(ref_tps, 1), "ratio": round(ours_tps / ref_tps, 3),
-              "r3jax_first_call_s_incl_compile": round(compile_s, 2),
-              "r3jax_spread_s": [round(timed["r3jax"]["min_s"], 3), round(timed["r3jax"]["max_s"], 3)],
-              "transformers_spread_s": [round(timed["transformers"]["min_s"], 3),
-                                        round(timed["transformers"]["max_s"], 3)],
-              "torch_threads": torch.get_num_threads()}
-    floor = matmul_floor(arch, b, n, rounds)
-    record.update(matmul_floor_xla_s=round(floor["xla"], 3), matmul_floor_torch_s=round(floor["torch"], 3),
-                  r3jax_s=round(timed["r3jax"]["median_s"], 3),
-                  transformers_s=round(timed["transformers"]["median_s"], 3),
-                  matmul_floor_ratio=round(timed["transformers"]["median_s"] / floor["xla"], 2))
-    if name == "wide":
-        gflops = ours_tps * decode_flops_per_token(arch, PROMPT + n / 2) / 1e9
-        ref = matmul_gflops(rounds)
-        record.update(r3jax_gflops=round(gflops, 1), jitted_matmul_gflops=round(ref, 1),
-                      fraction_of_matmul=round(gflops / ref, 3))
+              **arch, "sampling": "temperature 1, no top-k/top-p, no end token", "rounds": args.rounds,
+              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    me = os.path.abspath(__file__)
+    with tempfile.TemporaryDirectory(prefix="sampler_bench_") as folder:
+        write_folder(folder, arch, b)
+        case_arg = ["--case", name, "--folder", folder]
+        workers = {}
+        try:
+            workers["r3jax"] = Worker("r3jax", [sys.executable, me, "--worker", "r3jax", *case_arg],
+                                      os.path.join(folder, "r3jax.log"))
+            threads = ["--torch_threads", str(args.torch_threads)] if args.torch_threads else []
+            workers["transformers"] = Worker("transformers", [sys.executable, me, "--worker", "transformers",
+                                                              *case_arg, *threads],
+                                             os.path.join(folder, "transformers.log"))
+            if args.tunix_python:
+                env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+                workers["tunix"] = Worker("tunix", [args.tunix_python, os.path.join(os.path.dirname(me),
+                                                                                     "sampler_tunix.py"),
+                                                    "--folder", folder, "--new", str(n)],
+                                          os.path.join(folder, "tunix.log"), env=env)
+            ours = {os.getpid(), *(w.proc.pid for w in workers.values())}
+            pytest_seen = set(pytest_pids(ours))
+            record["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
+            ticks0, wall0 = cpu_ticks(ours), time.perf_counter()
+            idle = {}
+            times = alternate_workers(workers, "generate", args.rounds, idle)
+            ticks1, wall1 = cpu_ticks(ours), time.perf_counter()
+            record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+            pytest_seen |= set(pytest_pids(ours))
+            other = (ticks1[0] - ticks0[0]) - (ticks1[1] - ticks0[1])
+            record["other_cpu_cores_busy"] = round(other / os.sysconf("SC_CLK_TCK") / (wall1 - wall0), 2)
+            record["pytest_procs_seen"] = len(pytest_seen)
+            for sys_name, worker in workers.items():
+                record[sys_name] = {**summary(times[sys_name], b * n),
+                                    "cpu_s_while_others_timed": round(idle[sys_name] / os.sysconf("SC_CLK_TCK"), 2),
+                                    **{k: v for k, v in worker.ready.items() if k != "ready"}}
+            if not args.tunix_python:
+                record["tunix"] = None
+                record["tunix_note"] = "skipped: no --tunix_python (google-tunix==0.1.7 needs its own virtualenv)"
+            tps = {k: record[k]["new_tokens_per_s"] for k in workers}
+            record["ratio_r3jax_over_transformers"] = round(tps["r3jax"] / tps["transformers"], 3)
+            if "tunix" in tps:
+                record["ratio_r3jax_over_tunix"] = round(tps["r3jax"] / tps["tunix"], 3)
+                record["ratio_tunix_over_transformers"] = round(tps["tunix"] / tps["transformers"], 3)
+
+            steps = min(args.greedy_steps, n)
+            greedy = {k: w.ask("greedy", steps=steps)["tokens"] for k, w in workers.items()}
+            record["greedy_agreement_with_transformers"] = {
+                "steps": steps, **{k: agreement(greedy[k], greedy["transformers"]) for k in workers
+                                   if k != "transformers"}}
+
+            floor = alternate_workers({k: workers[k] for k in ("r3jax", "transformers")}, "floor", args.rounds)
+            floor_xla, floor_torch = statistics.median(floor["r3jax"]), statistics.median(floor["transformers"])
+            record.update(matmul_floor_xla_s=round(floor_xla, 3), matmul_floor_torch_s=round(floor_torch, 3),
+                          matmul_floor_ratio=round(record["transformers"]["median_s"] / floor_xla, 2))
+            if name == "wide":
+                mm = alternate_workers({"r3jax": workers["r3jax"]}, "matmul", args.rounds)["r3jax"]
+                ref = 2 * MATMUL_M * MATMUL_K * MATMUL_N / statistics.median(mm) / 1e9
+                gflops = tps["r3jax"] * decode_flops_per_token(arch, PROMPT + n / 2) / 1e9
+                record.update(r3jax_gflops=round(gflops, 1), jitted_matmul_gflops=round(ref, 1),
+                              fraction_of_matmul=round(gflops / ref, 3))
+        finally:
+            for worker in workers.values():
+                worker.close()
     emit(record)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--tunix_python", default=None,
+                        help="Python of a virtualenv with google-tunix==0.1.7; Tunix is skipped without it")
+    parser.add_argument("--greedy_steps", type=int, default=8,
+                        help="greedy tokens each system decodes once, compared with transformers'")
+    parser.add_argument("--torch_threads", type=int, default=None,
+                        help="torch.set_num_threads in the transformers worker (default: torch's own choice)")
+    parser.add_argument("--worker", choices=["r3jax", "transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        out = protocol_out()
+        worker = {"r3jax": worker_r3jax, "transformers": worker_transformers}[args.worker]
+        worker(out, args.folder, CASES[args.case], args.torch_threads)
+        return
+    for name in args.cases:
+        run(name, CASES[name], args)
 
 
 if __name__ == "__main__":
-    main_over_cases(CASES, run, default_rounds=3)
+    main()
