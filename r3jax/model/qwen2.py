@@ -18,6 +18,10 @@ from r3jax.model import sharding
 from r3jax.model.config import ModelConfig
 from r3jax.model.layers import DecoderLayer, RMSNorm, _init, rope_tables
 
+# Per-layer weights from [out, in] to the decode layout [in, out] (`unstack_layers`): moveaxis(source, dest).
+_DECODE_ORDER = {"q_proj": (-1, 0), "k_proj": (-1, 0), "v_proj": (-1, 0), "o_proj": (0, -1),
+                 "gate_proj": (0, 1), "up_proj": (0, 1), "down_proj": (0, 1)}
+
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -79,21 +83,30 @@ class Qwen2(nnx.Module):
         Without a cache the T tokens attend causally among themselves. With one, they are written at
         slot `cache.index` and attend to every real token already cached plus those before them.
         layers: the output of `unstack_layers()`; the layers then run unrolled from those per-layer
-        weights instead of scanned over the stack (see `unstack_layers`).
+        weights (in the decode layout) instead of scanned over the stack (see `unstack_layers`).
         Always compiled (one cached executable per shape), also when called outside `jax.jit`.
         """
         graphdef, state = nnx.split(self)
         return _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers)
 
     def unstack_layers(self) -> list:
-        """The stacked layer weights as L per-layer trees, for decode loops.
+        """The stacked layer weights as L per-layer trees in the decode layout, for decode loops.
 
         Inside a `lax.while_loop`, scanning over the stack slices every layer's weights out of it
         again at every step, and XLA materialises those slices (on CPU a decode step then moves its
         weights through memory twice). Slicing once before the loop makes the per-layer weights
-        loop invariants. The price: the decode step's compile time grows with depth."""
+        loop invariants. The projections are also transposed to [in, out] once here (`layers.EQUATIONS`:
+        the order a skinny decode matmul reads fastest, where [out, in] made XLA:CPU copy the attention
+        weights at every step). The price: the decode step's compile time grows with depth."""
         _, stacked = nnx.split(self.layers)
-        return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(self.config.num_hidden_layers)]
+
+        def layer(i):
+            def one(path, x):  # path: (..., DictKey(parameter name), GetAttrKey("value"))
+                name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+                return jnp.moveaxis(x[i], *_DECODE_ORDER[name]) if name in _DECODE_ORDER else x[i]
+            return jax.tree_util.tree_map_with_path(one, stacked)
+
+        return [layer(i) for i in range(self.config.num_hidden_layers)]
 
     def _hidden_states(self, tokens_bt, attention_mask, cache, layers=None):
         tokens_bt = jnp.asarray(tokens_bt)
@@ -118,7 +131,7 @@ class Qwen2(nnx.Module):
         else:
             layer_graphdef = nnx.graphdef(self.layers)
             for i, params in enumerate(layers):
-                x, kv = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound)
+                x, kv = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound, in_out=True)
         if cache is not None:
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
         return self.norm(x), cache
