@@ -1,37 +1,47 @@
 """Training forward+backward tokens/s: r3jax's policy log-prob gradient vs PyTorch, and the matmul rate.
 
-Usage: python bench/train_backward.py [--rounds 3] [--cases medium wide]
+Usage: python bench/train_backward.py [--rounds 3] [--cases medium wide] [--no_huge_pages]
 r3jax: jitted `value_and_grad` of sum(sequence_logprobs * mask) over every parameter (the forward and
 backward the train step runs per micro-batch, entropy included, fp32). PyTorch: `Qwen2ForCausalLM` forward
-with labels (cross-entropy) and `.backward()`, on the same weights and tokens. Both alternate round by round.
-`fraction_of_matmul` = r3jax's achieved FLOP/s (6 x forward matmul FLOPs per token) over a jitted
-[2048, 1536] x [1536, 8960] matmul timed in the same run; `torch_fraction_of_matmul` the same for PyTorch.
+with labels (cross-entropy) and `.backward()`, on the same weights and tokens.
+
+Each system runs in its own process: the driver writes one random Qwen2ForCausalLM (torch seed 0,
+`save_pretrained`) and the token batch into a temp folder per case, then starts
+`python bench/train_backward.py --worker r3jax|torch` on it. Each worker loads the folder, runs one call
+(r3jax's includes compiling) and waits on stdin; per round the driver asks each in turn for one timed call,
+the first system rotating every round, so only one computes at a time. After each round the r3jax worker
+also times a jitted [2048, 1536] x [1536, 8960] matmul, the reference for `fraction_of_matmul` = r3jax's
+achieved FLOP/s (6 x forward matmul FLOPs per token) over the matmul's; `torch_fraction_of_matmul` the
+same for PyTorch. The record also has the load averages before and after the timed rounds and the CPU other
+processes used during them (`other_cpu_cores_busy`, ours excluded), and per system every call's time, user
+and system CPU seconds and minor page faults (the worker's getrusage around the call).
+
+The driver calls `allocator.use_huge_pages()` first, so both workers inherit glibc.malloc.hugetlb=1
+(`glibc_tunables` is the variable as the workers saw it); `--no_huge_pages` sets R3JAX_HUGE_PAGES=0 first
+and so runs both systems with glibc's default malloc.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+if "--no_huge_pages" in sys.argv:
+    os.environ["R3JAX_HUGE_PAGES"] = "0"  # read by allocator.huge_page_env: the call below changes nothing
+
 from r3jax import allocator  # noqa: E402
 
-allocator.use_huge_pages()  # every system in this process gets huge pages (re-executes once)
+allocator.use_huge_pages()  # re-executes once; the workers inherit the environment (same allocator for both)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from common import alternate, emit, main_over_cases  # noqa: E402
-from flax import nnx  # noqa: E402
-from model_forward import forward_flops_per_token, matmul_gflops  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
 
-from r3jax import model as rm  # noqa: E402
-from r3jax.rl import loss  # noqa: E402
+from common import emit, protocol_out, serve  # noqa: E402
+from sampler import Worker, cpu_ticks, process_ticks, pytest_pids  # noqa: E402
 
 CASES = {
     "medium": dict(cfg=dict(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
@@ -39,18 +49,35 @@ CASES = {
     "wide": dict(cfg=dict(vocab_size=2048, hidden_size=1536, intermediate_size=8960, num_hidden_layers=2,
                           num_attention_heads=12, num_key_value_heads=2), batch=4, seq=512),
 }
+MATMUL_M, MATMUL_K, MATMUL_N = 2048, 1536, 8960  # the reference matmul's [M, K] x [K, N]
 
 
-def run(name: str, case: dict, rounds: int):
-    torch.manual_seed(0)
-    hf = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **case["cfg"])).train()
-    with tempfile.TemporaryDirectory() as folder:
-        hf.save_pretrained(folder)
-        model, _ = rm.load_pretrained(folder)
+# ---------------------------------------------------------------------------------------------------- workers
+
+
+def rusage() -> dict:
+    """This process's CPU seconds and page faults so far (the driver diffs them around each timed call)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user_s": r.ru_utime, "sys_s": r.ru_stime, "minor_faults": r.ru_minflt}
+
+
+def worker_r3jax(out, folder: str) -> None:
+    start = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from r3jax import model as rm
+    from r3jax.rl import loss
+
+    model, _ = rm.load_pretrained(folder)
     graphdef, params = nnx.split(model)
-    b, t = case["batch"], case["seq"]
-    tokens = np.random.RandomState(0).randint(0, case["cfg"]["vocab_size"], (b, t))
-    mask = np.ones((b, t), bool)
+    tokens = np.load(os.path.join(folder, "tokens.npy"))
+    mask = np.ones(tokens.shape, bool)
+    load_s = time.perf_counter() - start
 
     @jax.jit
     def grad(params, tokens, mask):
@@ -62,29 +89,141 @@ def run(name: str, case: dict, rounds: int):
     args = (params, jnp.asarray(tokens), jnp.asarray(mask))
     start = time.perf_counter()
     jax.block_until_ready(grad(*args))
-    compile_s = time.perf_counter() - start
-    ids = torch.tensor(tokens)
+    first_s = time.perf_counter() - start
+    mm = jax.jit(lambda a, b: a @ b)
+    a, b = jnp.ones((MATMUL_M, MATMUL_K)), jnp.ones((MATMUL_K, MATMUL_N))
+    mm(a, b).block_until_ready()
+    serve(out, {"go": lambda: jax.block_until_ready(grad(*args)), "matmul": lambda: mm(a, b).block_until_ready()},
+          {"rusage": rusage},
+          {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
+           "glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "versions": {"jax": jax.__version__}})
 
-    def theirs():
+
+def worker_torch(out, folder: str) -> None:
+    start = time.perf_counter()
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import Qwen2ForCausalLM
+
+    hf = Qwen2ForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
+    ids = torch.tensor(np.load(os.path.join(folder, "tokens.npy")))
+    load_s = time.perf_counter() - start
+
+    def step():
         hf.zero_grad(set_to_none=True)
         hf(input_ids=ids, labels=ids).loss.backward()
 
     start = time.perf_counter()
-    theirs()
-    torch_first_s = time.perf_counter() - start
-    times = alternate({"r3jax": lambda: jax.block_until_ready(grad(*args)), "torch": theirs}, rounds)
-    ours_s, theirs_s = times["r3jax"]["median_s"], times["torch"]["median_s"]
+    step()
+    first_s = time.perf_counter() - start
+    serve(out, {"go": step}, {"rusage": rusage},
+          {"ready": True, "load_s": round(load_s, 2), "first_call_s": round(first_s, 2),
+           "torch_threads": torch.get_num_threads(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__}})
+
+
+# ----------------------------------------------------------------------------------------------------- driver
+
+
+def write_folder(folder: str, case: dict) -> None:
+    import numpy as np
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **case["cfg"])).save_pretrained(folder)
+    tokens = np.random.RandomState(0).randint(0, case["cfg"]["vocab_size"], (case["batch"], case["seq"]))
+    np.save(os.path.join(folder, "tokens.npy"), tokens)
+
+
+def summary(times: list) -> dict:
+    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
+            "max_s": round(max(times), 3), "times_s": [round(t, 3) for t in times]}
+
+
+def run(name: str, case: dict, rounds: int) -> dict:
+    b, t = case["batch"], case["seq"]
+    record = {"bench": "train_backward", "case": name, "batch": b, "seq": t, **case["cfg"], "rounds": rounds}
+    me = os.path.abspath(__file__)
+    tick = os.sysconf("SC_CLK_TCK")
+    with tempfile.TemporaryDirectory(prefix="train_backward_bench_") as folder:
+        write_folder(folder, case)
+        workers = {}
+        try:
+            for system in ("r3jax", "torch"):
+                workers[system] = Worker(system, [sys.executable, me, "--worker", system, "--folder", folder],
+                                         os.path.join(folder, f"{system}.log"))
+            ours = {os.getpid(), *(w.proc.pid for w in workers.values())}
+            pytest_seen = set(pytest_pids(ours))
+            names = list(workers)
+            times = {k: [] for k in names}
+            idle = dict.fromkeys(names, 0)
+            per_call = {k: {"user_s": [], "sys_s": [], "minor_faults": []} for k in names}
+            matmul = []
+            record["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
+            ticks0, wall0 = cpu_ticks(ours), time.perf_counter()
+            for r in range(rounds):
+                for system in names[r % len(names):] + names[:r % len(names)]:
+                    before = {k: process_ticks(w.proc.pid) for k, w in workers.items() if k != system}
+                    usage = workers[system].ask("rusage")
+                    times[system].append(workers[system].ask("go")["s"])
+                    usage = {k: v - usage[k] for k, v in workers[system].ask("rusage").items()}
+                    for k, v in usage.items():
+                        per_call[system][k].append(v)
+                    for k, ticks in before.items():
+                        idle[k] += process_ticks(workers[k].proc.pid) - ticks
+                matmul.append(workers["r3jax"].ask("matmul")["s"])  # between rounds, torch idle
+            ticks1, wall1 = cpu_ticks(ours), time.perf_counter()
+            record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+            pytest_seen |= set(pytest_pids(ours))
+            other = (ticks1[0] - ticks0[0]) - (ticks1[1] - ticks0[1])
+            record["other_cpu_cores_busy"] = round(other / tick / (wall1 - wall0), 2)
+            record["pytest_procs_seen"] = len(pytest_seen)
+        finally:
+            for worker in workers.values():
+                worker.close()
+    from model_forward import forward_flops_per_token  # imports jax and torch: only once the workers are gone
+
+    ready = {k: w.ready for k, w in workers.items()}
+    ours_s, theirs_s = statistics.median(times["r3jax"]), statistics.median(times["torch"])
     flops = 3 * forward_flops_per_token(case["cfg"], t) * b * t
-    ref = matmul_gflops(rounds)
-    emit({"bench": "train_backward", "case": name, "batch": b, "seq": t, **case["cfg"],
-          "r3jax_s": round(ours_s, 3), "torch_s": round(theirs_s, 3),
-          "r3jax_tokens_per_s": round(b * t / ours_s, 1), "torch_tokens_per_s": round(b * t / theirs_s, 1),
-          "ratio": round(theirs_s / ours_s, 3), "target": ">= 1.0 and fraction_of_matmul >= 0.8",
-          "fraction_of_matmul": round(flops / ours_s / 1e9 / ref, 3),
-          "torch_fraction_of_matmul": round(flops / theirs_s / 1e9 / ref, 3),
-          "jitted_matmul_gflops": round(ref, 1), "r3jax_first_call_s_incl_compile": round(compile_s, 2),
-          "torch_first_call_s": round(torch_first_s, 2), "torch_threads": torch.get_num_threads()})
+    ref = 2 * MATMUL_M * MATMUL_K * MATMUL_N / statistics.median(matmul) / 1e9
+    tunables = {ready[k]["glibc_tunables"] for k in names}
+    assert len(tunables) == 1, f"workers saw different GLIBC_TUNABLES: {tunables}"
+    record.update({
+        "r3jax_s": round(ours_s, 3), "torch_s": round(theirs_s, 3),
+        "r3jax_tokens_per_s": round(b * t / ours_s, 1), "torch_tokens_per_s": round(b * t / theirs_s, 1),
+        "ratio": round(theirs_s / ours_s, 3), "target": ">= 1.0 and fraction_of_matmul >= 0.8",
+        "fraction_of_matmul": round(flops / ours_s / 1e9 / ref, 3),
+        "torch_fraction_of_matmul": round(flops / theirs_s / 1e9 / ref, 3),
+        "jitted_matmul_gflops": round(ref, 1), "matmul_s": summary(matmul),
+        "r3jax_first_call_s_incl_compile": ready["r3jax"]["first_call_s_incl_compile"],
+        "torch_first_call_s": ready["torch"]["first_call_s"], "torch_threads": ready["torch"]["torch_threads"],
+        **{k: {**summary(times[k]), **{f"{u}_per_call": [round(v, 2) for v in per_call[k][u]] for u in per_call[k]},
+               "cpu_s_while_others_timed": round(idle[k] / tick, 2), "load_s": ready[k]["load_s"]} for k in names},
+        "glibc_tunables": tunables.pop(),
+        "versions": {**ready["r3jax"]["versions"], **ready["torch"]["versions"]}})
+    emit(record)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--no_huge_pages", action="store_true",
+                        help="R3JAX_HUGE_PAGES=0: both workers run with glibc's default malloc (handled above)")
+    parser.add_argument("--worker", choices=["r3jax", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        out = protocol_out()
+        {"r3jax": worker_r3jax, "torch": worker_torch}[args.worker](out, args.folder)
+        return
+    for name in args.cases:
+        run(name, CASES[name], args.rounds)
 
 
 if __name__ == "__main__":
-    main_over_cases(CASES, run, default_rounds=3)
+    main()
