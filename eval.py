@@ -177,5 +177,5 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from r3jax import allocator
 
-    allocator.use_huge_pages()  # XLA:CPU's per-call buffers in huge pages (re-executes this command once)
+    allocator.keep_freed_memory()  # keep XLA:CPU's per-call buffers in the process (r3jax.allocator)
     sys.exit(main())

@@ -93,6 +93,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    allocator.use_huge_pages()  # XLA:CPU's per-call buffers in huge pages (re-executes this command once)
+    allocator.keep_freed_memory()  # keep XLA:CPU's per-call buffers in the process (r3jax.allocator)
     check_command_line(sys.argv)
     app.run(main)

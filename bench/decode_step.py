@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from r3jax import allocator  # noqa: E402
 
-allocator.use_huge_pages()  # every system in this process gets huge pages (re-executes once)
+allocator.keep_freed_memory()  # every timed process runs with r3jax's allocator setting
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

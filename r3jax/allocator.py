@@ -1,66 +1,49 @@
-"""Host memory in huge pages: XLA:CPU's per-call buffers without half a million page faults a call.
+"""Host memory kept in the process: XLA:CPU's per-call buffers are reused, not faulted in again every call.
 
 XLA:CPU allocates a program's temporaries with `malloc` at every call (one 1.5 GB buffer for the medium
 model's forward and backward in `bench/train_backward.py`). glibc serves blocks that large with a fresh
-`mmap` and unmaps them when freed, so each call faults its whole buffer in again, 4 KiB at a time, and the
-kernel zeroes every page: measured here, 412k minor faults and 0.7-0.9 s of system time in a 2.8-3.4 s call.
-With glibc's `glibc.malloc.hugetlb=1` tunable, malloc asks for transparent huge pages (2 MiB) on such
-blocks: 1-8k faults, 0.2 s of system time, and the call takes 2.1-2.3 s (same program, same numbers).
+`mmap` and unmaps them when freed, so every call faults its whole buffer in again, 4 KiB at a time, and the
+kernel zeroes each page: measured here, 380-410k minor faults and 0.6-0.9 s of system time in a 1.5-3 s
+call. On a virtual machine that reports freed pages to its host (virtio-balloon free page reporting, as on
+this one), a buffer freed while another program or process runs is handed back to the host and costs 2-5 s
+of system time to fault in again.
 
-The tunable is read when the process starts, so `use_huge_pages()` re-executes the running command once
-with it set (before JAX or anything else has started). It does nothing when the variable is already set,
-when the machine's transparent huge pages are off (`never`), on glibc older than 2.35 or anything but Linux,
-or when `R3JAX_HUGE_PAGES=0`. Accelerators' memory is XLA's own and is not affected.
+`keep_freed_memory()` makes glibc serve every block from one heap (one arena for all threads, no `mmap` for
+large blocks) and never give freed memory back: after the first call of a program its buffer is reused, with
+no faults (measured: 0 faults and 1.15-1.25 s per call from the second call on, same program). The price is
+that the process keeps its peak heap instead of returning it. Call it before JAX starts its threads (before
+the first array or compile: threads that already have an arena keep theirs, and then it does little).
+Accelerators' memory is XLA's own and is not affected. Anything but Linux with glibc, or
+R3JAX_KEEP_FREED_MEMORY=0: a no-op. `train.py`, `eval.py` and the benchmarks (for every system they time)
+call it first thing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 import sys
 
-TUNABLE = "glibc.malloc.hugetlb=1"
-THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
-OPT_OUT = "R3JAX_HUGE_PAGES"
+OPT_OUT = "R3JAX_KEEP_FREED_MEMORY"  # "0": leave glibc's defaults
+
+# mallopt parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+SETTINGS = ((M_ARENA_MAX, 1),       # one arena: a block freed by one thread is reused by the next
+            (M_MMAP_MAX, 0),        # large blocks from the heap, not from mmap (munmap on free)
+            (M_TRIM_THRESHOLD, -1))  # never hand the heap's free top back to the kernel
 
 
-def _glibc_version() -> tuple[int, ...] | None:
-    name, version = platform.libc_ver()
-    if name != "glibc" or not version:
-        return None
-    return tuple(int(part) for part in version.split(".") if part.isdigit())
-
-
-def _thp_available(path: str = THP_MODE) -> bool:
-    """Whether the kernel gives transparent huge pages to a process that asks (mode `always` or `madvise`)."""
+def keep_freed_memory() -> bool:
+    """Sets glibc's malloc to keep and reuse freed memory (see the module doc). True when applied; False on
+    other platforms or with R3JAX_KEEP_FREED_MEMORY=0."""
+    if os.environ.get(OPT_OUT) == "0":
+        return False
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
     try:
-        with open(path) as f:
-            mode = f.read()
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return False
-    return "[always]" in mode or "[madvise]" in mode
-
-
-def huge_page_env(environ=None) -> dict | None:
-    """The environment with the tunable added, or None when nothing should change (see the module doc)."""
-    environ = dict(os.environ if environ is None else environ)
-    if environ.get(OPT_OUT, "1") == "0" or "glibc.malloc.hugetlb" in environ.get("GLIBC_TUNABLES", ""):
-        return None
-    version = _glibc_version()
-    if not sys.platform.startswith("linux") or version is None or version < (2, 35) or not _thp_available():
-        return None
-    tunables = environ.get("GLIBC_TUNABLES")
-    environ["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}" if tunables else TUNABLE
-    return environ
-
-
-def use_huge_pages() -> None:
-    """Re-executes this Python command with `huge_page_env()` when it changes anything; else returns.
-
-    Call it first thing in an entry script's `__main__`: whatever ran before is run again."""
-    env = huge_page_env()
-    if env is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    return all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
