@@ -71,6 +71,8 @@ class RolloutSettings:
     template: reflection.ReflectionTemplate | None
     sampling_chunk: int = 0      # rows per sampler call (0: all rows in one call)
     sampling_slots: int = 0      # rows decoding at once within a call, refilled as rows end (0: all)
+    plain_alone: bool = True     # P·G rows split over the devices: a step with no reflection prompt samples
+                                 # the plain prompts alone, at their own width
 
 
 def prompt_width(bank: QuestionBank, settings: RolloutSettings) -> int:
@@ -117,12 +119,18 @@ def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLCon
     return hosts.from_local_rows(part.lengths, correct), hosts.from_local_rows(part.lengths, reward), texts
 
 
-@functools.partial(jax.jit, static_argnames=("rows",))
-def _join(parts, graded, *, rows: int):
+@functools.partial(jax.jit, static_argnames=("rows", "empty", "pad_id"))
+def _join(parts, graded, *, rows: int, empty: int = 0, pad_id: int = 0):
     """The sampler calls' rollouts and verdicts as one batch of `rows` rows (the last call's padding dropped),
-    in one program: on XLA:CPU, several small programs with collectives in flight at once can deadlock."""
-    join = lambda *xs: jnp.concatenate(xs)[:rows]  # noqa: E731
-    return jax.tree.map(join, *parts), join(*(c for c, _ in graded)), join(*(r for _, r in graded))
+    then `empty` rows for reflection slots that were not sampled (no response: length 0, pad tokens, wrong, reward
+    0), in one program: on XLA:CPU, several small programs with collectives in flight at once can deadlock."""
+    def join(*xs, fill=0):
+        x = jnp.concatenate(xs)[:rows]
+        return jnp.concatenate([x, jnp.full((empty, *x.shape[1:]), fill, x.dtype)]) if empty else x
+
+    rollout = jax.tree.map(join, *parts)
+    rollout = dataclasses.replace(rollout, tokens=join(*(p.tokens for p in parts), fill=pad_id))
+    return rollout, join(*(c for c, _ in graded)), join(*(r for _, r in graded))
 
 
 _filter_groups = jax.jit(dapo.filter_groups, static_argnums=1)  # one program (see `_join`)
@@ -147,7 +155,9 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     `qids` may hold more questions than `num_groups` (DAPO's over-sampling); `dapo.filter_groups` then keeps
     `num_groups` plain groups. Prompts are sampled `settings.sampling_chunk` rows at a time (chunk c with
     `fold_in(sample_key, c)` when there are several); the host grades chunk c while the devices sample c + 1.
-    On several hosts, each decodes and grades only the rows its own devices sampled."""
+    A step where ISR built no reflection prompt (before `reflection_start_epoch`, or no hard question) samples
+    the plain prompts alone at their own width (`settings.plain_alone`); the empty slots' rows carry no
+    response. On several hosts, each decodes and grades only the rows its own devices sampled."""
     start = time.perf_counter()
     width = prompt_width(bank, settings)
     tokens, mask = _left_pad(bank.prompt_tokens[qids], bank.prompt_mask[qids], width, settings.pad_id)
@@ -164,18 +174,23 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
         is_reflection = np.concatenate([is_reflection, np.ones(settings.reflection_prompts, bool)])
 
     g, n = settings.num_samples, len(all_qids)
-    per_call = chunk_prompts(n, g, settings.sampling_chunk)
-    calls = range(0, n, per_call)
-    extra = len(calls) * per_call - n                                   # the last call's padding prompts
-    tokens, mask = (np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) for x in (tokens, mask))
-    parts = [generate((graphdef, params), tokens[i:i + per_call], mask[i:i + per_call],
+    sampled, sample_tokens, sample_mask = n, tokens, mask
+    if settings.reflection_prompts and settings.plain_alone and not group_valid[len(qids):].any():
+        sampled = len(qids)                                             # the plain prompts at their own width
+        sample_tokens, sample_mask = bank.prompt_tokens[qids], bank.prompt_mask[qids]
+    per_call = chunk_prompts(sampled, g, settings.sampling_chunk)
+    calls = range(0, sampled, per_call)
+    extra = len(calls) * per_call - sampled                             # the last call's padding prompts
+    sample_tokens, sample_mask = (np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
+                                  for x in (sample_tokens, sample_mask))
+    parts = [generate((graphdef, params), sample_tokens[i:i + per_call], sample_mask[i:i + per_call],
                       sample_key if len(calls) == 1 else jax.random.fold_in(sample_key, c),
                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
                       eos_ids=settings.eos_ids, num_samples=g, valid_vocab=settings.valid_vocab,
                       pad_id=settings.pad_id, slots=settings.sampling_slots or None)
              for c, i in enumerate(calls)]                                    # dispatched, not yet done
-    rows_qids = np.repeat(np.pad(all_qids, (0, extra), mode="edge"), g)
-    rows_valid = np.repeat(np.pad(group_valid, (0, extra)), g)          # padding rows are not graded
+    rows_qids = np.repeat(np.pad(all_qids[:sampled], (0, extra), mode="edge"), g)
+    rows_valid = np.repeat(np.pad(group_valid[:sampled], (0, extra)), g)  # padding rows are not graded
     graded, texts, grade_s = [], [], 0.0
     for i, part in zip(calls, parts, strict=True):
         jax.block_until_ready(part.lengths)
@@ -186,8 +201,9 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
         graded.append((correct, reward))
         texts.extend(part_texts)
         grade_s += time.perf_counter() - t
-    rollout, correct, reward = _join(parts, graded, rows=n * g)
-    sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(rows_valid[:n * g]), rollout.lengths, 0)))
+    rollout, correct, reward = _join(parts, graded, rows=sampled * g, empty=(n - sampled) * g,
+                                     pad_id=settings.pad_id)
+    sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(np.repeat(group_valid, g)), rollout.lengths, 0)))
     batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens[:n], prompt_mask=mask[:n],
                                   correct=correct, rewards=reward, group_valid=group_valid,
                                   is_reflection=is_reflection)
