@@ -316,3 +316,42 @@ def test_the_sharded_step_compiles_without_involuntary_rematerialization(capfd):
     capfd.readouterr()
     train_step.make_train_step(graphdef, cfg, tx, state, placed, mesh).lower(state, placed).compile()
     assert "Involuntary full rematerialization" not in capfd.readouterr().err
+
+
+def slot_batch():
+    """`make_batch` whose last group is a reflection slot ISR left empty (invalid, no response) and whose
+    prompts hold at most 2 real tokens of TP = 4 (left-padded)."""
+    b = make_batch([[True, False], [False, False], [True, True], [False, False]])
+    empty = jnp.arange(P) == P - 1
+    lengths = jnp.where(empty[:, None], 0, b.lengths)
+    mask = jnp.arange(T) < lengths[..., None]
+    return dataclasses.replace(b, prompt_mask=b.prompt_mask.at[:, :2].set(False), lengths=lengths, mask=mask,
+                               tokens=b.tokens * mask, logprobs=b.logprobs * mask, entropies=b.entropies * mask,
+                               correct=b.correct & ~empty[:, None], rewards=jnp.where(empty[:, None], 0.0, b.rewards),
+                               group_valid=~empty, is_reflection=empty)
+
+
+@pytest.mark.parametrize("name", ["r3", "grpo"])
+def test_empty_reflection_slots_and_prompt_padding_leave_the_loss_unchanged(name):
+    """The layout leaves out the trailing empty reflection group and the prompts' padding columns: 3 groups of
+    rows, 2 prompt columns. Same params, metrics and buffer as the padded step."""
+    batch = slot_batch()
+    cfg, tx, graphdef, state = setup(name, sgd=True, bucket_min_width=2)
+    chosen = layout.choose(cfg, state.buffer, batch)
+    assert (chosen.groups, chosen.prompt_width) == (P - 1, 2)
+    step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
+    padded, padded_m = step(jax.tree.map(jnp.copy, state), batch)
+    cut, cut_m = step(state, batch, chosen)
+    for a, b in zip(jax.tree.leaves(cut.params), jax.tree.leaves(padded.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    for k in padded_m:
+        np.testing.assert_allclose(cut_m[k], padded_m[k], atol=1e-6, rtol=1e-5, err_msg=k)
+    for a, b in zip(jax.tree.leaves(cut.buffer), jax.tree.leaves(padded.buffer), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_empty_reflection_slots_stay_when_their_rows_would_not_split():
+    cfg = algorithm.algorithm_config("grpo", max_response_tokens=T, num_micro_batches=4)  # 3 groups: 6 rows
+    assert layout.choose(cfg, None, slot_batch()).groups is None
+    off = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=0, bucket_replay=False)
+    assert layout.choose(off, replay.init_buffer(P, T), slot_batch()) == layout.full(off, slot_batch())

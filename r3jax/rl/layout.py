@@ -10,11 +10,15 @@ responses CCR will append, and rounds each up to a bucket. The step then runs on
 
 instead of P·(G + k) rows of T columns, with the same loss and gradients: the columns and rows it drops are
 masked out of the loss either way. The buffer keeps full-width rows; the step reads their first W columns.
+Two more cuts of the same kind: the prompt columns (`prompt_width`: the last Wp columns of the left-aligned
+prompts, Wp bucketed like W from the longest prompt of a valid group), and the groups (`groups`: the trailing
+reflection slots that ISR left empty this step, which R³ reserves in every batch, have no row in the loss).
 
-Buckets keep the number of compiled step programs small (one per layout a run meets): W is a power of two of
-at least `RLConfig.bucket_min_width`, capped at T (`bucket_min_width = 0`: always T); R is 0, a quarter, a half
-or all of P·k, rounded up so that the P·G + R rows split into micro-batches whose rows split over the mesh's
-batch devices (`bucket_replay = False`: always P·k, the padded layout).
+Buckets keep the number of compiled step programs small (one per layout a run meets): W and Wp are powers of
+two of at least `RLConfig.bucket_min_width`, capped at T and at the prompts' width (`bucket_min_width = 0`:
+always T and all prompt columns); R is 0, a quarter, a half or all of P·k, rounded up so that the P·G + R rows
+split into micro-batches whose rows split over the mesh's batch devices; the empty reflection groups are left
+out only when the rows still split so (`bucket_replay = False`: always P·k and every group, the padded layout).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ class Layout:
     """Static (part of the compiled step): a new layout is a new program."""
 
     width: int        # W: response columns of every loss row (<= T)
-    replay_rows: int  # R: loss rows for replayed responses, after the P·G on-policy rows (<= P·k)
+    replay_rows: int  # R: loss rows for replayed responses, after the on-policy rows (<= P·k)
+    prompt_width: int | None = None  # Wp: the last Wp columns of the left-aligned prompts (None: all of them)
+    groups: int | None = None        # the first `groups` of the P groups have on-policy rows (None: all P)
 
 
 def full(cfg: RLConfig, batch) -> Layout:
@@ -66,15 +72,20 @@ def replay_bucket(needed: int, on_policy_rows: int, most: int, multiple: int) ->
 
 @functools.partial(jax.jit, static_argnames=("k",))
 def _needs(buffer, batch, *, k: int):
-    """[3] int32: the longest on-policy response of a valid row (its last masked column), the responses CCR
-    will append (k = 0: none), and the longest stored response it may draw."""
+    """[5] int32: the longest on-policy response of a valid row (its last masked column), the responses CCR
+    will append (k = 0: none), the longest stored response it may draw, the longest prompt of a valid group,
+    and the groups before the trailing run of empty reflection slots."""
     valid = batch.group_valid[:, None] & (batch.lengths > 0)                     # as `train_step`
     columns = jnp.arange(1, batch.tokens.shape[2] + 1)
     longest = jnp.max(jnp.where(batch.mask & valid[..., None], columns, 0))
     count, replay_longest = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
     if k:
         count, replay_longest = replay.replay_needs(buffer, batch.qids, batch.correct, valid, batch.group_valid, k)
-    return jnp.stack([longest.astype(jnp.int32), count, replay_longest])
+    prompt = jnp.max(jnp.where(batch.group_valid, jnp.asarray(batch.prompt_mask).sum(axis=1), 0))
+    empty_slot = batch.is_reflection & ~batch.group_valid
+    groups = jnp.max(jnp.where(empty_slot, 0, jnp.arange(1, empty_slot.shape[0] + 1)))
+    return jnp.stack([longest.astype(jnp.int32), count, replay_longest, prompt.astype(jnp.int32),
+                      groups.astype(jnp.int32)])
 
 
 def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
@@ -82,10 +93,17 @@ def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
     p, g, t = batch.tokens.shape
     padded = full(cfg, batch)
     k = cfg.r3.replay_k if cfg.uses_replay else 0
-    longest, needed, replay_longest = (int(x) for x in hosts.fetch(_needs(buffer if k else None, batch, k=k)))
+    needs = hosts.fetch(_needs(buffer if k else None, batch, k=k))
+    longest, needed, replay_longest, prompt_longest, groups = (int(x) for x in needs)
     width = width_bucket(max(longest, replay_longest), t, cfg.bucket_min_width)
-    if not (k and cfg.bucket_replay):
-        return Layout(width=width, replay_rows=padded.replay_rows)
-    devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-    return Layout(width=width, replay_rows=replay_bucket(needed, p * g, padded.replay_rows,
-                                                         cfg.num_micro_batches * devices))
+    prompt_columns = batch.prompt_tokens.shape[1]
+    prompt_width = width_bucket(prompt_longest, prompt_columns, cfg.bucket_min_width)
+    prompt_width = None if prompt_width == prompt_columns else prompt_width
+    if not cfg.bucket_replay:
+        return Layout(width=width, replay_rows=padded.replay_rows, prompt_width=prompt_width)
+    multiple = cfg.num_micro_batches * (1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"])
+    rows = replay_bucket(needed, groups * g, padded.replay_rows, multiple) if k else 0
+    if (groups * g + rows) % multiple:  # the empty reflection slots stay: the rows would not split
+        groups = p
+        rows = replay_bucket(needed, p * g, padded.replay_rows, multiple) if k else 0
+    return Layout(width=width, replay_rows=rows, prompt_width=prompt_width, groups=None if groups == p else groups)

@@ -71,7 +71,7 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key, layout.replay_rows)  # 3
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
-    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout.replay_rows)
+    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout)
     micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg)
     loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
     grad_norm = loss.grad_norm(grads)
@@ -107,11 +107,15 @@ def _check_shapes(cfg: RLConfig, state: TrainState, batch, layout: rl_layout.Lay
         raise ValueError(f"rollouts have T = {t} response tokens but the buffer stores "
                          f"{state.buffer.correct.tokens.shape[2]} (cfg.max_response_tokens): they must match")
     padded = rl_layout.full(cfg, batch)
-    if not (1 <= layout.width <= t and 0 <= layout.replay_rows <= padded.replay_rows):
-        raise ValueError(f"{layout} does not fit rollouts of T = {t} columns and {padded.replay_rows} replay slots")
-    rows = p * g + layout.replay_rows
+    prompt_columns = batch.prompt_tokens.shape[1]
+    if not (1 <= layout.width <= t and 0 <= layout.replay_rows <= padded.replay_rows
+            and 1 <= (layout.prompt_width or prompt_columns) <= prompt_columns and 1 <= (layout.groups or p) <= p):
+        raise ValueError(f"{layout} does not fit rollouts of P = {p} groups, T = {t} columns, {prompt_columns} "
+                         f"prompt columns and {padded.replay_rows} replay slots")
+    groups = layout.groups or p
+    rows = groups * g + layout.replay_rows
     how = (f"P * (G + k) = {p} * ({g} + {layout.replay_rows // p})" if layout.replay_rows == padded.replay_rows
-           else f"P * G + R = {p} * {g} + {layout.replay_rows}")
+           and groups == p else f"groups * G + R = {groups} * {g} + {layout.replay_rows}")
     if rows % cfg.num_micro_batches:
         raise ValueError(f"the loss has {how} = {rows} rows, not divisible into "
                          f"num_micro_batches = {cfg.num_micro_batches}")
@@ -156,21 +160,24 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key, replay_ro
 
 
 def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv,
-                replay_rows: int) -> rl_batch.Sequences:
-    """The loss's rows: [prompt | response] for the P·G on-policy responses, then `replay_rows` rows for the
-    filled replay slots (`replay_picks`), with the sampler's log-probs on on-policy tokens and π_ref's (β > 0
-    only: the one extra forward pass). Prompts are left-aligned here too: a hand-built batch with
-    right-padded prompts would put padding between prompt and response, and the loss would look fine while
-    its gradients are wrong."""
+                layout: rl_layout.Layout) -> rl_batch.Sequences:
+    """The loss's rows: [prompt | response] for the on-policy responses of the layout's first `groups` groups
+    (all P by default), then `replay_rows` rows for the filled replay slots (`replay_picks`), with the
+    sampler's log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass); the prompts'
+    last `prompt_width` columns. Prompts are left-aligned here too: a hand-built batch with right-padded
+    prompts would put padding between prompt and response, and the loss would look fine while its gradients
+    are wrong."""
     prompt_tokens, prompt_mask = rl_batch.left_align(batch.prompt_tokens, batch.prompt_mask)
+    if layout.prompt_width:
+        prompt_tokens, prompt_mask = prompt_tokens[:, -layout.prompt_width:], prompt_mask[:, -layout.prompt_width:]
     p, g, _ = batch.tokens.shape
     m = groups.tokens.shape[1]
-    pick = replay_picks(groups.valid[:, g:], replay_rows)
-    rows = functools.partial(_loss_rows, g=g, pick=pick)
+    pick = replay_picks(groups.valid[:, g:], layout.replay_rows)
+    rows = functools.partial(_loss_rows, g=g, pick=pick, groups=layout.groups or p)
     per_slot = lambda x: jnp.broadcast_to(x[:, None], (p, m, *x.shape[1:]))  # noqa: E731  a group's prompt
     tokens, attention, response = rl_batch.to_sequences(rows(per_slot(prompt_tokens)), rows(per_slot(prompt_mask)),
                                                         rows(groups.tokens), rows(groups.mask))
-    on_policy = response & (jnp.arange(tokens.shape[0]) < p * g)[:, None]
+    on_policy = response & (jnp.arange(tokens.shape[0]) < (layout.groups or p) * g)[:, None]
     sampler = rl_batch.response_positions(rows(jnp.pad(batch.logprobs, ((0, 0), (0, m - g), (0, 0)))),
                                           prompt_tokens.shape[1])
     ref = (_no_grad_logprobs(graphdef, cfg, state.ref_params, (tokens, attention, response)) if cfg.beta > 0
@@ -186,11 +193,11 @@ def replay_picks(replay_valid, replay_rows: int):
     return jnp.argsort(~replay_valid.reshape(-1), stable=True)[:replay_rows]
 
 
-def _loss_rows(x_pm, *, g: int, pick):
-    """[P, M, ...] per slot -> [P·G + R, ...] loss rows: the on-policy slots in group order (a reshape, which
-    keeps the rows' sharding), then the picked replay slots."""
+def _loss_rows(x_pm, *, g: int, pick, groups: int):
+    """[P, M, ...] per slot -> [groups·G + R, ...] loss rows: the first `groups` groups' on-policy slots in group
+    order (a reshape, which keeps the rows' sharding, when groups = P), then the picked replay slots."""
     p, m = x_pm.shape[:2]
-    on_policy = x_pm[:, :g].reshape(p * g, *x_pm.shape[2:])
+    on_policy = x_pm[:groups, :g].reshape(groups * g, *x_pm.shape[2:])
     replayed = x_pm[:, g:].reshape(p * (m - g), *x_pm.shape[2:])[pick]
     return jnp.concatenate([on_policy, replayed])
 
