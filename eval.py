@@ -175,7 +175,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from r3jax import allocator
-
-    allocator.keep_freed_memory()  # keep XLA:CPU's per-call buffers in the process (r3jax.allocator)
     sys.exit(main())

@@ -19,7 +19,6 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from r3jax import allocator
 from r3jax.train import config as run_config
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "arith.py")
@@ -93,6 +92,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    allocator.keep_freed_memory()  # keep XLA:CPU's per-call buffers in the process (r3jax.allocator)
     check_command_line(sys.argv)
     app.run(main)

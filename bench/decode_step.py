@@ -17,10 +17,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from r3jax import allocator  # noqa: E402
-
-allocator.keep_freed_memory()  # every timed process runs with r3jax's allocator setting
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

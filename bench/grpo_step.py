@@ -26,7 +26,6 @@ length bonus), imported from this checkout into the TRL process (pure Python; ma
 venvs), on the same decoded text (special tokens kept). host = wall - sample - grade - train (prompt and
 response bookkeeping, advantages, logging, data). The first `--skip` steps of each run (compilation, warm-up)
 are left out of the medians; r3jax's compile seconds (its `compile/seconds`, no persistent cache) are reported.
-Both workers start with `r3jax.allocator.keep_freed_memory()`, as `train.py` does (R3JAX_KEEP_FREED_MEMORY=0: not).
 
 Output: one JSON line per system+algorithm (median s/step and split over all rounds' steady steps) and a summary
 line with the ratios TRL / r3jax and os.getloadavg() before and after each run.
@@ -336,11 +335,7 @@ def main() -> None:
     if args.worker is None:
         driver(args)
         return
-    sys.path.insert(0, str(REPO))
-    from r3jax import allocator  # stdlib only: the TRL venv imports it too
-
-    kept = allocator.keep_freed_memory()  # both systems with r3jax's allocator setting (before JAX or torch)
-    result = {**(r3jax_worker if args.worker == "r3jax" else trl_worker)(args), "keep_freed_memory": kept}
+    result = (r3jax_worker if args.worker == "r3jax" else trl_worker)(args)
     pathlib.Path(args.out).write_text(json.dumps(result) + "\n")
 
 

@@ -40,10 +40,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from r3jax import allocator  # noqa: E402
-
-allocator.keep_freed_memory()  # every timed process runs with r3jax's allocator setting
-
 from common import emit, protocol_out, serve  # noqa: E402
 
 VOCAB, PROMPT = 2048, 32
@@ -295,8 +291,7 @@ def run(name: str, case: dict, args) -> dict:
     b, n = case["batch"], case["new"]
     record = {"bench": "sampler", "case": name, "batch": b, "new_tokens": n, "prompt": PROMPT, "vocab": VOCAB,
               **arch, "sampling": "temperature 1, no top-k/top-p, no end token", "rounds": args.rounds,
-              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-              "keep_freed_memory": os.environ.get("R3JAX_KEEP_FREED_MEMORY") != "0"}
+              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
     me = os.path.abspath(__file__)
     with tempfile.TemporaryDirectory(prefix="sampler_bench_") as folder:
         write_folder(folder, arch, b)

@@ -20,13 +20,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import protocol_out, serve  # noqa: E402
-
-from r3jax import allocator  # noqa: E402  (stdlib only: imports in Tunix's venv)
-
-allocator.keep_freed_memory()  # the same allocator setting as the r3jax and transformers workers
 
 PAD, NEVER = -1, -2
 

@@ -1,6 +1,6 @@
 """Training forward+backward tokens/s: r3jax's policy log-prob gradient vs PyTorch, and the matmul rate.
 
-Usage: python bench/train_backward.py [--rounds 3] [--cases medium wide] [--default_malloc]
+Usage: python bench/train_backward.py [--rounds 3] [--cases medium wide]
 r3jax: jitted `value_and_grad` of sum(sequence_logprobs * mask) over every parameter (the forward and
 backward the train step runs per micro-batch, entropy included, fp32). PyTorch: `Qwen2ForCausalLM` forward
 with labels (cross-entropy) and `.backward()`, on the same weights and tokens.
@@ -15,30 +15,18 @@ achieved FLOP/s (6 x forward matmul FLOPs per token) over the matmul's; `torch_f
 same for PyTorch. The record also has the load averages before and after the timed rounds and the CPU other
 processes used during them (`other_cpu_cores_busy`, ours excluded), and per system every call's time, user
 and system CPU seconds and minor page faults (the worker's getrusage around the call).
-
-Every process (driver and both workers) calls `allocator.keep_freed_memory()` first, so both systems run
-with the allocator setting r3jax's entry scripts use (`keep_freed_memory` says whether it applied);
-`--default_malloc` sets R3JAX_KEEP_FREED_MEMORY=0 first and so runs both with glibc's defaults.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import sys
+import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-
-if "--default_malloc" in sys.argv:
-    os.environ["R3JAX_KEEP_FREED_MEMORY"] = "0"  # read by allocator.keep_freed_memory; the workers inherit it
-
-from r3jax import allocator  # noqa: E402
-
-KEPT = allocator.keep_freed_memory()  # in every process this file starts as: the same allocator for both
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
 
 from common import emit, protocol_out, serve  # noqa: E402
 from sampler import Worker, cpu_ticks, process_ticks, pytest_pids  # noqa: E402
@@ -96,7 +84,7 @@ def worker_r3jax(out, folder: str) -> None:
     serve(out, {"go": lambda: jax.block_until_ready(grad(*args)), "matmul": lambda: mm(a, b).block_until_ready()},
           {"rusage": rusage},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
-           "keep_freed_memory": KEPT, "versions": {"jax": jax.__version__}})
+           "versions": {"jax": jax.__version__}})
 
 
 def worker_torch(out, folder: str) -> None:
@@ -119,7 +107,7 @@ def worker_torch(out, folder: str) -> None:
     first_s = time.perf_counter() - start
     serve(out, {"go": step}, {"rusage": rusage},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s": round(first_s, 2),
-           "torch_threads": torch.get_num_threads(), "keep_freed_memory": KEPT,
+           "torch_threads": torch.get_num_threads(),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}})
 
 
@@ -189,8 +177,6 @@ def run(name: str, case: dict, rounds: int) -> dict:
     ours_s, theirs_s = statistics.median(times["r3jax"]), statistics.median(times["torch"])
     flops = 3 * forward_flops_per_token(case["cfg"], t) * b * t
     ref = 2 * MATMUL_M * MATMUL_K * MATMUL_N / statistics.median(matmul) / 1e9
-    kept = {ready[k]["keep_freed_memory"] for k in names}
-    assert len(kept) == 1, f"the workers' allocator settings differ: {kept}"
     record.update({
         "r3jax_s": round(ours_s, 3), "torch_s": round(theirs_s, 3),
         "r3jax_tokens_per_s": round(b * t / ours_s, 1), "torch_tokens_per_s": round(b * t / theirs_s, 1),
@@ -202,7 +188,6 @@ def run(name: str, case: dict, rounds: int) -> dict:
         "torch_first_call_s": ready["torch"]["first_call_s"], "torch_threads": ready["torch"]["torch_threads"],
         **{k: {**summary(times[k]), **{f"{u}_per_call": [round(v, 2) for v in per_call[k][u]] for u in per_call[k]},
                "cpu_s_while_others_timed": round(idle[k] / tick, 2), "load_s": ready[k]["load_s"]} for k in names},
-        "keep_freed_memory": kept.pop(),
         "versions": {**ready["r3jax"]["versions"], **ready["torch"]["versions"]}})
     emit(record)
     return record
@@ -212,8 +197,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--default_malloc", action="store_true",
-                        help="R3JAX_KEEP_FREED_MEMORY=0: both workers run with glibc's defaults (handled above)")
     parser.add_argument("--worker", choices=["r3jax", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -57,7 +57,8 @@ class LoopState:
     skipped_total: int = 0
     skipped_in_a_row: int = 0
     epoch: int = 0
-    recompiles: int = 0  # compilations after a process's first two steps (a step's new layout excepted)
+    recompiles: int = 0  # compilations after a process's first two steps (a new layout's or sampled shape's
+                         # programs excepted)
 
 
 def _keys(seed: int, step: int):
@@ -142,7 +143,7 @@ def train(run: Run, workdir: str) -> int:
     stop = StopRequest()
     stop.install()
     grader = rewards.GradingPool(c.grading.workers, timeout_s=c.grading.timeout_s)
-    step_fn, layouts = None, set()
+    step_fn, layouts, sampled_shapes = None, set(), set()
     bar = progress.TrainProgress(total=c.steps, done=start, quiet=not main)
     try:
         if c.eval_at_start and run.benchmarks and start == 0 and not any(r["step"] == 0 for r in book.rows()):
@@ -157,13 +158,16 @@ def train(run: Run, workdir: str) -> int:
                                    cfg=run.rl, settings=run.settings, num_groups=c.prompts_per_step,
                                    sample_key=sample_key, reflection_key=reflection_key, tokenizer=run.tokenizer,
                                    grader=grader)
+            # R³'s first step with reflection prompts samples a new shape (`rollouts.collect`): expected programs
+            new_shape = 0 if got.sampled in sampled_shapes else compiles.counts().programs - built
+            sampled_shapes.add(got.sampled)
             t1 = time.perf_counter()
             if step_fn is None:
                 step_fn = train_step.make_train_step(run.graphdef, run.rl, run.tx, run.state, got.batch, run.mesh)
             metrics, layout, expected = _update(run, step_fn, got.batch, layouts)
             t2 = time.perf_counter()
             if step > start + 2:  # a process compiles its programs in its first two steps; later is a recompile
-                loop.recompiles += compiles.counts().programs - built - expected
+                loop.recompiles += compiles.counts().programs - built - expected - new_shape
             loop.skipped_in_a_row = loop.skipped_in_a_row + 1 if metrics["policy/skipped"] else 0
             loop.skipped_total += int(metrics["policy/skipped"])
             evaluated = {}

@@ -102,6 +102,7 @@ class StepRollouts:
     sample_s: float              # time not spent grading: prompts, sampling (what grading did not hide)
     grade_s: float               # time this host spent decoding and grading
     generated_tokens: int
+    sampled: tuple = ()          # (prompts sampled, prompt width): a new pair compiles new sampler programs
 
 
 def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLConfig):
@@ -210,4 +211,4 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     if cfg.dynamic_sampling:
         batch = _filter_groups(batch, num_groups)
     return StepRollouts(batch=batch, texts=texts, sample_s=time.perf_counter() - start - grade_s, grade_s=grade_s,
-                        generated_tokens=int(sampled_tokens))
+                        generated_tokens=int(sampled_tokens), sampled=(sampled, sample_tokens.shape[1]))
