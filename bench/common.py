@@ -27,14 +27,19 @@ def emit(record: dict) -> None:
     sys.stdout.flush()
 
 
-def main_over_cases(cases: dict, run, default_rounds: int) -> None:
-    """The shared command line: --rounds N --cases NAME...; calls run(name, case, rounds) for each."""
+def case_parser(cases: dict, default_rounds: int):
+    """The shared command line, --rounds N --cases NAME..., as an argparse parser a script may extend."""
     import argparse
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=default_rounds)
     parser.add_argument("--cases", nargs="*", default=list(cases), choices=list(cases))
-    args = parser.parse_args()
+    return parser
+
+
+def main_over_cases(cases: dict, run, default_rounds: int) -> None:
+    """Parses `case_parser`'s command line and calls run(name, case, rounds) for each case."""
+    args = case_parser(cases, default_rounds).parse_args()
     for name in args.cases:
         run(name, cases[name], args.rounds)
 

@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import emit, protocol_out, serve  # noqa: E402
+from common import case_parser, emit, protocol_out, serve  # noqa: E402
 
 VOCAB, PROMPT = 2048, 32
 CASES = {
@@ -359,9 +359,7 @@ def run(name: str, case: dict, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser = case_parser(CASES, default_rounds=3)
     parser.add_argument("--tunix_python", default=None,
                         help="Python of a virtualenv with google-tunix==0.1.7; Tunix is skipped without it")
     parser.add_argument("--greedy_steps", type=int, default=8,

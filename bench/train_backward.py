@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import emit, protocol_out, serve  # noqa: E402
+from common import case_parser, emit, protocol_out, serve  # noqa: E402
 from sampler import Worker, cpu_ticks, process_ticks, pytest_pids  # noqa: E402
 
 CASES = {
@@ -194,9 +194,7 @@ def run(name: str, case: dict, rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser = case_parser(CASES, default_rounds=3)
     parser.add_argument("--worker", choices=["r3jax", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()

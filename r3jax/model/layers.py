@@ -113,6 +113,10 @@ EQUATIONS = {
     False: dict(q="td,nhd->tnh", kv="td,khd->tkh", o="tnh,dnh->td", up="td,fd->tf", down="tf,df->td"),
     True: dict(q="td,df->tf", kv="td,df->tf", o="tf,fd->td", up="td,df->tf", down="tf,fd->td"),
 }
+# Each stored weight to its decode layout (moveaxis(source, destination) of one layer's weight): the order
+# EQUATIONS[True] reads.
+DECODE_ORDER = {"q_proj": (-1, 0), "k_proj": (-1, 0), "v_proj": (-1, 0), "o_proj": (0, -1),
+                "gate_proj": (0, 1), "up_proj": (0, 1), "down_proj": (0, 1)}
 
 
 def project(x_bt_, equation: str, w):

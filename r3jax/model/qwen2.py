@@ -16,11 +16,7 @@ from flax import nnx
 from r3jax.model import cache as kv_cache
 from r3jax.model import sharding
 from r3jax.model.config import ModelConfig
-from r3jax.model.layers import DecoderLayer, RMSNorm, _init, rope_tables
-
-# Per-layer weights from [out, in] to the decode layout [in, out] (`unstack_layers`): moveaxis(source, dest).
-_DECODE_ORDER = {"q_proj": (-1, 0), "k_proj": (-1, 0), "v_proj": (-1, 0), "o_proj": (0, -1),
-                 "gate_proj": (0, 1), "up_proj": (0, 1), "down_proj": (0, 1)}
+from r3jax.model.layers import DECODE_ORDER, DecoderLayer, RMSNorm, _init, rope_tables
 
 REMAT_POLICIES = {
     "none": None,
@@ -103,7 +99,7 @@ class Qwen2(nnx.Module):
         def layer(i):
             def one(path, x):  # path: (..., DictKey(parameter name), GetAttrKey("value"))
                 name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
-                return jnp.moveaxis(x[i], *_DECODE_ORDER[name]) if name in _DECODE_ORDER else x[i]
+                return jnp.moveaxis(x[i], *DECODE_ORDER[name]) if name in DECODE_ORDER else x[i]
             return jax.tree_util.tree_map_with_path(one, stacked)
 
         return [layer(i) for i in range(self.config.num_hidden_layers)]

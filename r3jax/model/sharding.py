@@ -97,6 +97,11 @@ def param_spec(path: tuple[str, ...], mode: str = "train") -> P:
     return spec
 
 
+def batch_devices(mesh: Mesh | None) -> int:
+    """How many ways a batch splits: the devices along `data` x `fsdp` (1 without a mesh)."""
+    return 1 if mesh is None else _axis_size(mesh, BATCH)
+
+
 def _axis_size(mesh, axis) -> int:
     names = axis if isinstance(axis, tuple) else (axis,)
     return int(np.prod([mesh.shape[n] for n in names]))

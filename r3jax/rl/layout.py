@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from r3jax import hosts
+from r3jax.model import sharding
 from r3jax.rl import replay
 from r3jax.rl.algorithm import RLConfig
 
@@ -101,7 +102,7 @@ def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
     prompt_width = None if prompt_width == prompt_columns else prompt_width
     if not cfg.bucket_replay:
         return Layout(width=width, replay_rows=padded.replay_rows, prompt_width=prompt_width)
-    multiple = cfg.num_micro_batches * (1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"])
+    multiple = cfg.num_micro_batches * sharding.batch_devices(mesh)
     rows = replay_bucket(needed, groups * g, padded.replay_rows, multiple) if k else 0
     if (groups * g + rows) % multiple:  # the empty reflection slots stay: the rows would not split
         groups = p

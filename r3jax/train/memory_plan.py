@@ -188,7 +188,7 @@ def decode_bytes_per_step(c, m: rm.ModelConfig, s: Shapes, rows: int, mesh) -> f
     """HBM bytes one decode step reads per device: the weights it multiplies with (whole along fsdp, split
     by tensor, in the compute dtype) and its rows' full KV cache (attention reads every slot)."""
     tensor = mesh.shape["tensor"]
-    batch = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch = sharding.batch_devices(mesh)
     itemsize = jnp.dtype(c.model.compute_dtype or c.model.dtype).itemsize
     weights = (forward_flops_per_token(m, 0) / 2) * itemsize / tensor
     kv_heads = m.num_key_value_heads / (tensor if m.num_key_value_heads % tensor == 0 else 1)

@@ -129,8 +129,9 @@ def _join(parts, graded, *, rows: int, empty: int = 0, pad_id: int = 0):
         x = jnp.concatenate(xs)[:rows]
         return jnp.concatenate([x, jnp.full((empty, *x.shape[1:]), fill, x.dtype)]) if empty else x
 
-    rollout = jax.tree.map(join, *parts)
-    rollout = dataclasses.replace(rollout, tokens=join(*(p.tokens for p in parts), fill=pad_id))
+    rollout = type(parts[0])(**{f.name: join(*(getattr(p, f.name) for p in parts),
+                                             fill=pad_id if f.name == "tokens" else 0)
+                                for f in dataclasses.fields(parts[0])})
     return rollout, join(*(c for c, _ in graded)), join(*(r for _, r in graded))
 
 

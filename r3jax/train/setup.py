@@ -76,7 +76,7 @@ def _mesh(c) -> jax.sharding.Mesh:
 
 def _check_batch_fits(c, mesh, groups: int, what: str) -> None:
     """The sampler's and the loss's rows (P·G) are split along the mesh's batch axes (data x fsdp)."""
-    devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    devices = sharding.batch_devices(mesh)
     rows = groups * c.samples_per_prompt
     if rows % devices:
         raise SetupError(f"prompts_per_step: {what} = {groups} groups x samples_per_prompt G = "
@@ -161,7 +161,7 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         _check_batch_fits(c, mesh, per_call, f"sampling_chunk = {c.sampling_chunk} rows = {per_call} prompts")
     # a step with no reflection prompt samples the plain prompts alone when their rows split over the devices
     plain_rows = min(questions, per_call) * c.samples_per_prompt
-    settings = dataclasses.replace(settings, plain_alone=plain_rows % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0)
+    settings = dataclasses.replace(settings, plain_alone=plain_rows % sharding.batch_devices(mesh) == 0)
     benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
     graphdef, params = rm.split_params(_load_model(c, model_cfg, mesh))
     tx = train_step.optimizer(rl)
