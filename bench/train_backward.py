@@ -51,7 +51,7 @@ def rusage() -> dict:
     return {"user_s": r.ru_utime, "sys_s": r.ru_stime, "minor_faults": r.ru_minflt}
 
 
-def worker_r3jax(out, folder: str) -> None:
+def worker_r3jax(out, folder: str, remat: str) -> None:
     start = time.perf_counter()
     import jax
     import jax.numpy as jnp
@@ -61,7 +61,7 @@ def worker_r3jax(out, folder: str) -> None:
     from r3jax import model as rm
     from r3jax.rl import loss
 
-    model, _ = rm.load_pretrained(folder)
+    model, _ = rm.load_pretrained(folder, remat=remat)
     graphdef, params = nnx.split(model)
     tokens = np.load(os.path.join(folder, "tokens.npy"))
     mask = np.ones(tokens.shape, bool)
@@ -130,9 +130,10 @@ def summary(times: list) -> dict:
             "max_s": round(max(times), 3), "times_s": [round(t, 3) for t in times]}
 
 
-def run(name: str, case: dict, rounds: int) -> dict:
+def run(name: str, case: dict, rounds: int, remat: str) -> dict:
     b, t = case["batch"], case["seq"]
-    record = {"bench": "train_backward", "case": name, "batch": b, "seq": t, **case["cfg"], "rounds": rounds}
+    record = {"bench": "train_backward", "case": name, "batch": b, "seq": t, **case["cfg"], "rounds": rounds,
+              "remat": remat}
     me = os.path.abspath(__file__)
     tick = os.sysconf("SC_CLK_TCK")
     with tempfile.TemporaryDirectory(prefix="train_backward_bench_") as folder:
@@ -140,7 +141,8 @@ def run(name: str, case: dict, rounds: int) -> dict:
         workers = {}
         try:
             for system in ("r3jax", "torch"):
-                workers[system] = Worker(system, [sys.executable, me, "--worker", system, "--folder", folder],
+                workers[system] = Worker(system, [sys.executable, me, "--worker", system, "--folder", folder,
+                                                           *(["--remat", remat] if system == "r3jax" else [])],
                                          os.path.join(folder, f"{system}.log"))
             ours = {os.getpid(), *(w.proc.pid for w in workers.values())}
             pytest_seen = set(pytest_pids(ours))
@@ -197,13 +199,17 @@ def main() -> None:
     parser = case_parser(CASES, default_rounds=3)
     parser.add_argument("--worker", choices=["r3jax", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--remat", default="dots", choices=("none", "dots", "full"),
+                        help="r3jax's per-layer rematerialisation (default: the training config's, model.remat)")
     args = parser.parse_args()
-    if args.worker:
-        out = protocol_out()
-        {"r3jax": worker_r3jax, "torch": worker_torch}[args.worker](out, args.folder)
+    if args.worker == "r3jax":
+        worker_r3jax(protocol_out(), args.folder, args.remat)
+        return
+    if args.worker == "torch":
+        worker_torch(protocol_out(), args.folder)
         return
     for name in args.cases:
-        run(name, CASES[name], args.rounds)
+        run(name, CASES[name], args.rounds, args.remat)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ def make_batch(correct, *, truncated=None, seed=0):
 
 
 def setup(name, mesh=None, sgd=False, **overrides):
+    overrides = {"num_micro_batches": 2, **overrides}
     cfg = algorithm.algorithm_config(name, max_response_tokens=T, learning_rate=1e-2, weight_decay=0.0,
-                                     num_micro_batches=2, chunk_size=4, **overrides)
+                                     chunk_size=4, **overrides)
     tx = loss.make_optimizer(cfg.learning_rate, warmup_steps=0, weight_decay=cfg.weight_decay)
     if sgd:  # Adam's first step is about lr * sign(g): it blows fp32 noise in tiny gradients up to lr
         tx = optax.sgd(cfg.learning_rate)
@@ -304,6 +305,37 @@ def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
         np.testing.assert_allclose(bucketed_m[k], padded_m[k], atol=1e-6, rtol=1e-5, err_msg=k)
     for a, b in zip(jax.tree.leaves(bucketed.buffer), jax.tree.leaves(padded.buffer), strict=True):
         np.testing.assert_array_equal(a, b)  # full-width rows, as the padded step stores them
+
+
+@pytest.mark.parametrize("name, micro, beta", [("r3", 1, 0.0), ("r3", 2, 0.04), ("grpo", 1, 0.0)])
+def test_rows_sharing_their_prompt_train_like_rows_that_each_run_it(name, micro, beta):
+    """`rl.share_prompts`: each micro-batch runs each of its prompts once (a group's G rows, and the replay
+    rows of the same question, read it), in the policy's pass and the reference's (beta > 0). R³ here replays
+    3 stored responses into groups 0 and 1, so replay rows share prompts with on-policy rows. Same params,
+    metrics and buffer as with share_prompts off."""
+    batch = make_batch([[False, False], [True, True], [True, False], [False, False]])
+    steps = {}
+    for share in (True, False):
+        cfg, tx, graphdef, state = setup(name, sgd=True, num_micro_batches=micro, share_prompts=share, beta=beta)
+        if name == "r3":
+            rng = np.random.RandomState(5)
+            stored = replay.insert(state.buffer, jnp.array([0, 0, 1]), jnp.asarray(rng.randint(1, V, (3, T)),
+                                                                                    jnp.int32),
+                                   jnp.array([2, 4, 3]), jnp.array([True, True, False]), jnp.ones((3,), bool), 0)
+            state = dataclasses.replace(state, buffer=stored)
+        chosen = layout.choose(cfg, state.buffer, batch)
+        assert (train_step.shared_prompts(cfg, batch, chosen) is not None) == share
+        steps[share] = train_step.make_train_step(graphdef, cfg, tx, state, batch)(state, batch, chosen)
+    (shared, shared_m), (own, own_m) = steps[True], steps[False]
+    if name == "r3":
+        assert float(own_m["r3/ccr_appended"]) == 3.0
+    for a, b in zip(jax.tree.leaves(shared.params), jax.tree.leaves(own.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    assert shared_m.keys() == own_m.keys()
+    for k in own_m:
+        np.testing.assert_allclose(shared_m[k], own_m[k], atol=1e-6, rtol=1e-5, err_msg=k)
+    for a, b in zip(jax.tree.leaves(shared.buffer), jax.tree.leaves(own.buffer), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_sharded_step_compiles_without_involuntary_rematerialization(capfd):

@@ -145,11 +145,14 @@ class Attention(nnx.Module):
         self.dtype = dtype
         self.mesh = mesh
 
-    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False):
-        """Attends over the new tokens alone (kv None) or over layer `layer` of the full cache
-        (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot
-        `index`; then only the cache's first `bound` slots are read. in_out: the weights are in the decode
-        layout (`EQUATIONS`). Returns (out, kv)."""
+    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False,
+                 prefix=None):
+        """Attends over the new tokens alone (kv None), after a prefix's keys and values (prefix: k, v
+        [B, K, P, H]; mask_bts [B, T, P + T] then covers [prefix | new]), or over layer `layer` of the full
+        cache (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot `index`;
+        then only the cache's first `bound` slots are read. in_out: the weights are in the decode layout
+        (`EQUATIONS`). Returns (out, kv): without a cache, kv is the new tokens' own keys and values
+        ([B, K, T, H] each), which a later call can take as its prefix."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
         eq = EQUATIONS[in_out]
         b, t, d = x_btd.shape
@@ -166,7 +169,9 @@ class Attention(nnx.Module):
         q = sharding.constrain(rope(q, rope_bt), "act_btnh", self.mesh)
         k = sharding.constrain(rope(k, rope_bt), "act_btkh", self.mesh)
         if kv is None:
-            out = attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask_bts)  # keys [B, K, T, H]
+            kv = k.swapaxes(1, 2), v.swapaxes(1, 2)  # keys [B, K, T, H]
+            keys, values = kv if prefix is None else [jnp.concatenate(x, axis=2) for x in zip(prefix, kv, strict=True)]
+            out = attend(q, keys, values, mask_bts)
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
             out = attend_cached(q, kv, layer, mask_bts, bound)
@@ -207,8 +212,10 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
         self.mesh = mesh
 
-    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False):
-        attn, kv = self.self_attn(self.input_layernorm(x_btd), rope_bt, mask_bts, kv, layer, index, bound, in_out)
+    def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False,
+                 prefix=None):
+        attn, kv = self.self_attn(self.input_layernorm(x_btd), rope_bt, mask_bts, kv, layer, index, bound, in_out,
+                                  prefix)
         x_btd = sharding.constrain(x_btd + attn, "act_btd", self.mesh)
         x_btd = sharding.constrain(x_btd + self.mlp(self.post_attention_layernorm(x_btd), in_out), "act_btd",
                                    self.mesh)

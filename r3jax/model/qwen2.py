@@ -119,42 +119,95 @@ class Qwen2(nnx.Module):
             index, kv, bound = cache.index, (cache.k, cache.v), kv_cache.filled(cache, tokens_bt.shape[1])
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
         tables = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
-        table = sharding.constrain(self.embed_tokens[...].astype(self.dtype), "emb_lookup_vd", self.mesh)
-        x = jnp.take(table, tokens_bt, axis=0)
-        x = sharding.constrain(x, "act_btd", self.mesh)
+        x = self._embed(tokens_bt)
         if layers is None:
-            x, kv = self._scan_layers(x, tables, mask_bts, kv, index, bound)
+            x, kv, _ = self._scan_layers(x, tables, mask_bts, kv, index, bound)
         else:
             layer_graphdef = nnx.graphdef(self.layers)
             for i, params in enumerate(layers):
-                x, kv = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound, in_out=True)
+                x, new = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound, in_out=True)
+                kv = new if cache is not None else None  # without a cache: the layer's own keys, not a cache
         if cache is not None:
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
         return self.norm(x), cache
 
+    def shared_prefix_hidden_states(self, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask):
+        """Hidden states of B rows that each continue one of Q prefixes, each prefix run once.
+
+        prefix_tokens, prefix_mask [Q, P]; row_prefix [B] int (which prefix row b continues); tokens_bt,
+        attention_mask [B, T]. Returns (prefix hidden [Q, P, D], row hidden [B, T, D]): the values that
+        `hidden_states` gives for [prefix_tokens[row_prefix[b]] | tokens_bt[b]], its first P and its last T
+        positions, with the same masks and positions (at real tokens: a left pad with no real token before
+        it has a value of its own, which reaches no real token), but every layer computes a prefix's keys
+        and values once, and the rows attend to them ([prefix | own tokens]). This is how GRPO's G responses to one
+        prompt train on one pass over that prompt; gradients reach the prefix from every row that reads it.
+        """
+        graphdef, state = nnx.split(self)
+        return _shared_prefix_jit(graphdef, state, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask)
+
+    def _shared_prefix_hidden_states(self, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask):
+        prefix_tokens, tokens_bt, row_prefix = map(jnp.asarray, (prefix_tokens, tokens_bt, row_prefix))
+        prefix_mask, mask_bt = jnp.asarray(prefix_mask).astype(bool), jnp.asarray(attention_mask).astype(bool)
+        for name, x, m in (("prefix", prefix_tokens, prefix_mask), ("row", tokens_bt, mask_bt)):
+            if x.ndim != 2 or m.shape != x.shape:
+                raise ValueError(f"{name} tokens must be [rows, T] with a mask of the same shape, got {x.shape} "
+                                 f"and {m.shape}")
+        if row_prefix.shape != tokens_bt.shape[:1]:
+            raise ValueError(f"row_prefix must be [B] = [{tokens_bt.shape[0]}], got shape {row_prefix.shape}")
+        cfg = self.config
+        tables = rope_tables(kv_cache.positions_from_mask(prefix_mask), cfg.head_dim, cfg.rope_theta, self.dtype)
+        prefix, _, (k, v) = self._scan_layers(self._embed(prefix_tokens), tables, kv_cache.causal_mask(prefix_mask),
+                                              None, None, None, emit=True)              # k, v [L, Q, K, P, H]
+        seen = prefix_mask[row_prefix]                                                  # [B, P]
+        # positions continue the prefix's (as `positions_from_mask` of the joined row gives them)
+        positions = jnp.maximum(seen.sum(-1, dtype=jnp.int32)[:, None] + jnp.cumsum(mask_bt, -1, dtype=jnp.int32) - 1,
+                                0)
+        b, t = tokens_bt.shape
+        mask_bts = jnp.concatenate([jnp.broadcast_to(seen[:, None], (b, t, seen.shape[1])),
+                                    kv_cache.causal_mask(mask_bt)], axis=-1)            # [B, T, P + T]
+        tables = rope_tables(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+        x, _, _ = self._scan_layers(self._embed(tokens_bt), tables, mask_bts, None, None, None,
+                                    prefix=(k[:, row_prefix], v[:, row_prefix]))
+        return self.norm(prefix), self.norm(x)
+
+    def _embed(self, tokens_bt):
+        table = sharding.constrain(self.embed_tokens[...].astype(self.dtype), "emb_lookup_vd", self.mesh)
+        return sharding.constrain(jnp.take(table, tokens_bt, axis=0), "act_btd", self.mesh)
+
     # --- internals ---------------------------------------------------------------------------------
 
-    def _scan_layers(self, x, tables, mask_bts, kv, index, bound):
+    def _scan_layers(self, x, tables, mask_bts, kv, index, bound, *, prefix=None, emit: bool = False):
         """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
 
-        The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place."""
+        The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place. Without a
+        cache, prefix (k, v [L, B, K, P, H]) gives each layer the keys and values its tokens attend to first,
+        and emit returns every layer's own (k, v [L, B, K, T, H]). Returns (x, kv, emitted or None)."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, per_layer):
             x, kv = carry
-            params, layer = per_layer
-            return nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index, bound), None
+            params, layer, layer_prefix = per_layer
+            x, new = nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index, bound, prefix=layer_prefix)
+            if kv is not None:
+                return (x, new), None
+            return (x, None), (new if emit else None)
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
         layers = jnp.arange(self.config.num_hidden_layers)
-        (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layers))
-        return x, kv
+        (x, kv), emitted = jax.lax.scan(body, (x, kv), (layer_params, layers, prefix))
+        return x, kv, emitted
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers):
     return nnx.merge(graphdef, state)._hidden_states(tokens_bt, attention_mask, cache, layers)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _shared_prefix_jit(graphdef, state, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask):
+    return nnx.merge(graphdef, state)._shared_prefix_hidden_states(prefix_tokens, prefix_mask, row_prefix, tokens_bt,
+                                                                   attention_mask)
 
 
 def init_model(config: ModelConfig, seed: int = 0, **kwargs) -> Qwen2:

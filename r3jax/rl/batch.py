@@ -92,6 +92,7 @@ class Sequences:
     advantages: jax.Array        # [B]
     sampler_logprobs: jax.Array  # [B, S] the sampler's log-probs on on-policy tokens, 0 elsewhere
     ref_logprobs: jax.Array      # [B, S] (zeros when beta = 0)
+    prompt_ids: jax.Array        # [B] the row's group: rows with the same id have the same prompt columns
 
 
 def to_sequences(prompt_tokens, prompt_mask, tokens, mask):

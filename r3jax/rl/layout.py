@@ -14,6 +14,10 @@ Two more cuts of the same kind: the prompt columns (`prompt_width`: the last Wp 
 prompts, Wp bucketed like W from the longest prompt of a valid group), and the groups (`groups`: the trailing
 reflection slots that ISR left empty this step, which R³ reserves in every batch, have no row in the loss).
 
+Rows that share a prompt (a group's G rows, replay rows of the same question) can run it once per micro-batch
+(`shared_prompts`, `loss.shared_prompt_logprobs`): how many distinct prompts a micro-batch holds at most
+follows from the same static numbers.
+
 Buckets keep the number of compiled step programs small (one per layout a run meets): W and Wp are powers of
 two of at least `RLConfig.bucket_min_width`, capped at T and at the prompts' width (`bucket_min_width = 0`:
 always T and all prompt columns); R is 0, a quarter, a half or all of P·k, rounded up so that the P·G + R rows
@@ -43,6 +47,22 @@ class Layout:
     replay_rows: int  # R: loss rows for replayed responses, after the on-policy rows (<= P·k)
     prompt_width: int | None = None  # Wp: the last Wp columns of the left-aligned prompts (None: all of them)
     groups: int | None = None        # the first `groups` of the P groups have on-policy rows (None: all P)
+
+
+def shared_prompts(groups: int, g: int, replay_rows: int, num_micro_batches: int) -> int:
+    """How many distinct prompts a micro-batch of the loss's rows can hold at most (0: no fewer than its rows,
+    so sharing them saves nothing). The rows are `groups` groups of G on-policy rows, in group order, then R
+    replay rows (any group's), split evenly into micro-batches: a micro-batch's on-policy rows span a run of
+    groups, and each replay row may bring one more. Static, like the layout."""
+    rows = groups * g + replay_rows
+    n = rows // num_micro_batches
+    most = 0
+    for j in range(num_micro_batches):
+        start, stop = j * n, (j + 1) * n
+        on_policy = range(start, min(stop, groups * g))
+        spanned = (on_policy[-1] // g - on_policy[0] // g + 1) if on_policy else 0
+        most = max(most, spanned + (stop - max(start, groups * g) if stop > groups * g else 0))
+    return most if most < n else 0
 
 
 def full(cfg: RLConfig, batch) -> Layout:

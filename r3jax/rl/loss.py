@@ -48,6 +48,39 @@ def sequence_logprobs(model, tokens, attention_mask, response_mask, *, temperatu
     return shift(logp), shift(ent)
 
 
+def shared_prompt_logprobs(model, tokens, attention_mask, response_mask, prompt_ids, *, prompt_width: int,
+                           num_prompts: int, temperature: float = 1.0, chunk_size: int = 512,
+                           valid_vocab: int | None = None):
+    """`sequence_logprobs` of rows [prompt | response] that share prompts, each distinct prompt run once.
+
+    The first `prompt_width` columns of every row are its prompt, and rows with the same prompt_ids [B] have
+    the same prompt (a group's G responses, or a replayed response to the same question). At most
+    `num_prompts` (static) distinct ids may occur. The prompts go through the model once each and the rows'
+    remaining columns attend to their prompt's keys and values (`Qwen2.shared_prefix_hidden_states`): the
+    same values as `sequence_logprobs` wherever response_mask is set, which must be in the last columns
+    only, for a fraction of the work when prompts are long against the responses. Returns ([B, S], [B, S]).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (log-probs of softmax(logits / temperature)), got {temperature}")
+    tokens, mask, ids = jnp.asarray(tokens), jnp.asarray(attention_mask).astype(bool), jnp.asarray(prompt_ids)
+    b, s = tokens.shape
+    if not 0 < prompt_width < s:
+        raise ValueError(f"prompt_width must leave prompt and response columns in rows of {s}, got {prompt_width}")
+    first = jnp.argmax(ids[:, None] == ids[None, :], axis=1)     # each row's first row with its prompt
+    owner = first == jnp.arange(b)
+    slot = (jnp.cumsum(owner) - 1)[first]                         # the prompt's row in the table
+    (source,) = jnp.nonzero(owner, size=num_prompts, fill_value=0)
+    prompt_h, row_h = model.shared_prefix_hidden_states(tokens[source, :prompt_width], mask[source, :prompt_width],
+                                                        slot, tokens[:, prompt_width:], mask[:, prompt_width:])
+    # the prompt's last position predicts the first response token; each response position the next one
+    hidden = jnp.concatenate([prompt_h[slot, -1:], row_h[:, :-1]], axis=1)
+    logp, ent = head.token_logprobs_and_entropy(hidden, tokens[:, prompt_width:], model, chunk_size=chunk_size,
+                                                temperature=temperature, valid_vocab=valid_vocab)
+    keep = jnp.asarray(response_mask).astype(bool)[:, prompt_width:]
+    place = lambda x: jnp.pad(jnp.where(keep, x, 0.0), ((0, 0), (prompt_width, 0)))  # noqa: E731
+    return place(logp), place(ent)
+
+
 # --- Eq. 2 of R³ -------------------------------------------------------------------------------------
 
 def clipped_surrogate(logprobs, old_logprobs, advantages, mask, *, eps_low: float, eps_high: float):

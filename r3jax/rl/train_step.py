@@ -72,7 +72,7 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
     seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout)
-    micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg)
+    micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg, shared_prompts(cfg, batch, layout))
     loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
     grad_norm = loss.grad_norm(grads)
     params, opt_state, skipped = finite_update(tx, state, grads, jnp.isfinite(loss_value) & jnp.isfinite(grad_norm))
@@ -180,11 +180,13 @@ def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Group
     on_policy = response & (jnp.arange(tokens.shape[0]) < (layout.groups or p) * g)[:, None]
     sampler = rl_batch.response_positions(rows(jnp.pad(batch.logprobs, ((0, 0), (0, m - g), (0, 0)))),
                                           prompt_tokens.shape[1])
-    ref = (_no_grad_logprobs(graphdef, cfg, state.ref_params, (tokens, attention, response)) if cfg.beta > 0
+    prompt_ids = rows(per_slot(jnp.arange(p)))
+    ref = (_no_grad_logprobs(graphdef, cfg, shared_prompts(cfg, batch, layout), state.ref_params,
+                             (tokens, attention, response, prompt_ids)) if cfg.beta > 0
            else jnp.zeros(tokens.shape, jnp.float32))
     return rl_batch.Sequences(tokens=tokens, attention=attention, response=response, on_policy=on_policy,
                               advantages=rows(adv), sampler_logprobs=jnp.where(on_policy, sampler, 0.0),
-                              ref_logprobs=ref)
+                              ref_logprobs=ref, prompt_ids=prompt_ids)
 
 
 def replay_picks(replay_valid, replay_rows: int):
@@ -212,14 +214,25 @@ def store_responses(cfg: RLConfig, buffer, batch, valid, step):
                          flat(batch.correct), flat(valid), step)
 
 
-def _micro_batch_loss(graphdef, cfg: RLConfig, params, seqs: rl_batch.Sequences):
+def shared_prompts(cfg: RLConfig, batch, layout: rl_layout.Layout) -> tuple[int, int] | None:
+    """(prompt columns, distinct prompts per micro-batch at most) when the loss runs each micro-batch's prompts
+    once (`loss.shared_prompt_logprobs`), None when every row runs its own (`rl.share_prompts` off, or no
+    micro-batch would hold fewer prompts than rows). Static: part of the layout's program."""
+    p, g, _ = batch.tokens.shape
+    most = rl_layout.shared_prompts(layout.groups or p, g, layout.replay_rows, cfg.num_micro_batches)
+    if not (cfg.share_prompts and most):
+        return None
+    return layout.prompt_width or batch.prompt_tokens.shape[1], most
+
+
+def _micro_batch_loss(graphdef, cfg: RLConfig, shared: tuple[int, int] | None, params, seqs: rl_batch.Sequences):
     """Eq. 2 on one micro-batch. π_old is recomputed by the trainer before the update (R3-SPEC §2): with
     one update per batch that is this very forward pass, under stop_gradient (so every ratio is 1), and
     no second pass is needed. With old_logprobs="sampler", on-policy tokens take the sampler's instead
-    (replayed ones always recompute). The same forward feeds the sampler/trainer mismatch meter."""
+    (replayed ones always recompute). The same forward feeds the sampler/trainer mismatch meter. `shared`
+    (`shared_prompts`): each distinct prompt of the micro-batch runs once, its rows attend to it."""
     model = nnx.merge(graphdef, params)
-    logp, ent = loss.sequence_logprobs(model, seqs.tokens, seqs.attention, seqs.response, temperature=cfg.temperature,
-                                       chunk_size=cfg.chunk_size, valid_vocab=cfg.valid_vocab)
+    logp, ent = _logprobs(cfg, shared, model, seqs.tokens, seqs.attention, seqs.response, seqs.prompt_ids)
     trainer = jax.lax.stop_gradient(logp)
     old = jnp.where(seqs.on_policy, seqs.sampler_logprobs, trainer) if cfg.old_logprobs == "sampler" else trainer
     (loss_sum, loss_count), policy = loss.policy_loss_sums(
@@ -233,14 +246,23 @@ def _micro_batch_loss(graphdef, cfg: RLConfig, params, seqs: rl_batch.Sequences)
     return (loss_sum, loss_count), policy
 
 
-def _no_grad_logprobs(graphdef, cfg: RLConfig, params, rows):
-    """Teacher-forced log-probs of all rows, micro-batch by micro-batch, without gradients."""
+def _logprobs(cfg: RLConfig, shared, model, tokens, attention, response, prompt_ids):
+    """(log-probs, entropies) of a micro-batch's rows, each distinct prompt run once when `shared` is set."""
+    kw = dict(temperature=cfg.temperature, chunk_size=cfg.chunk_size, valid_vocab=cfg.valid_vocab)
+    if shared is None:
+        return loss.sequence_logprobs(model, tokens, attention, response, **kw)
+    return loss.shared_prompt_logprobs(model, tokens, attention, response, prompt_ids, prompt_width=shared[0],
+                                       num_prompts=shared[1], **kw)
+
+
+def _no_grad_logprobs(graphdef, cfg: RLConfig, shared, params, rows):
+    """Teacher-forced log-probs of all rows (tokens, attention, response, prompt ids), micro-batch by
+    micro-batch, without gradients."""
     micro = loss.split_micro_batches(rows, cfg.num_micro_batches)
 
     def one(mb):
         model = nnx.merge(graphdef, jax.lax.stop_gradient(params))
-        return loss.sequence_logprobs(model, *mb, temperature=cfg.temperature, chunk_size=cfg.chunk_size,
-                                      valid_vocab=cfg.valid_vocab)[0]
+        return _logprobs(cfg, shared, model, *mb)[0]
 
     out = jax.lax.map(one, micro)
     return out.reshape(-1, out.shape[-1])

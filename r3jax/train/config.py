@@ -60,7 +60,11 @@ def base_config() -> ml_collections.ConfigDict:
         init=config_dict.placeholder(str),        # no path: random init of a preset (`tiny`) ...
         init_overrides=ml_collections.ConfigDict(),  # ... with these ModelConfig fields changed ...
         init_tokenizer=config_dict.placeholder(str),  # ... and this tokenizer (used only without a path)
-        dtype="float32", compute_dtype=config_dict.placeholder(str), remat="none"))
+        dtype="float32", compute_dtype=config_dict.placeholder(str),
+        # per layer: keep the projections' outputs, recompute attention and elementwise work in the backward
+        # (the [B, N, T, T] scores are never stored: about a third of the temp memory, and on this CPU half
+        # the train step, page faults included: BENCHMARKS.md); "none" stores everything, "full" only inputs
+        remat="dots"))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
         eval=ml_collections.ConfigDict(), eval_limit=config_dict.placeholder(int)))
