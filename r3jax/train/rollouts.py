@@ -73,6 +73,8 @@ class RolloutSettings:
     sampling_slots: int = 0      # rows decoding at once within a call, refilled as rows end (0: all)
     plain_alone: bool = True     # P·G rows split over the devices: a step with no reflection prompt samples
                                  # the plain prompts alone, at their own width
+    reflection_alone: bool = False  # M·G rows split too: reflection prompts are sampled in calls of their own,
+                                    # at their own width (else with the plain ones, all at the wider width)
 
 
 def prompt_width(bank: QuestionBank, settings: RolloutSettings) -> int:
@@ -102,7 +104,7 @@ class StepRollouts:
     sample_s: float              # time not spent grading: prompts, sampling (what grading did not hide)
     grade_s: float               # time this host spent decoding and grading
     generated_tokens: int
-    sampled: tuple = ()          # (prompts sampled, prompt width): a new pair compiles new sampler programs
+    sampled: tuple = ()          # (prompts, prompt width) per part sampled: a new one compiles new sampler programs
 
 
 def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLConfig):
@@ -120,13 +122,14 @@ def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLCon
     return hosts.from_local_rows(part.lengths, correct), hosts.from_local_rows(part.lengths, reward), texts
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "empty", "pad_id"))
-def _join(parts, graded, *, rows: int, empty: int = 0, pad_id: int = 0):
-    """The sampler calls' rollouts and verdicts as one batch of `rows` rows (the last call's padding dropped),
-    then `empty` rows for reflection slots that were not sampled (no response: length 0, pad tokens, wrong, reward
-    0), in one program: on XLA:CPU, several small programs with collectives in flight at once can deadlock."""
+@functools.partial(jax.jit, static_argnames=("keep", "empty", "pad_id"))
+def _join(parts, graded, *, keep: tuple[int, ...], empty: int = 0, pad_id: int = 0):
+    """The sampler calls' rollouts and verdicts as one batch: the first keep[i] rows of call i (a call padded
+    with copies of a prompt loses those rows), then `empty` rows for reflection slots that were not sampled (no
+    response: length 0, pad tokens, wrong, reward 0), in one program: on XLA:CPU, several small programs with
+    collectives in flight at once can deadlock."""
     def join(*xs, fill=0):
-        x = jnp.concatenate(xs)[:rows]
+        x = jnp.concatenate([x[:k] for x, k in zip(xs, keep, strict=True)])
         return jnp.concatenate([x, jnp.full((empty, *x.shape[1:]), fill, x.dtype)]) if empty else x
 
     rollout = type(parts[0])(**{f.name: join(*(getattr(p, f.name) for p in parts),
@@ -159,7 +162,9 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     `fold_in(sample_key, c)` when there are several); the host grades chunk c while the devices sample c + 1.
     A step where ISR built no reflection prompt (before `reflection_start_epoch`, or no hard question) samples
     the plain prompts alone at their own width (`settings.plain_alone`); the empty slots' rows carry no
-    response. On several hosts, each decodes and grades only the rows its own devices sampled."""
+    response. Otherwise the reflection prompts (longer: they quote an attempt) get calls of their own at their
+    own width when their rows split over the devices (`settings.reflection_alone`), so the plain prompts are
+    not padded to it. On several hosts, each decodes and grades only the rows its own devices sampled."""
     start = time.perf_counter()
     width = prompt_width(bank, settings)
     tokens, mask = _left_pad(bank.prompt_tokens[qids], bank.prompt_mask[qids], width, settings.pad_id)
@@ -175,35 +180,41 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
         group_valid = np.concatenate([group_valid, refl.valid])
         is_reflection = np.concatenate([is_reflection, np.ones(settings.reflection_prompts, bool)])
 
-    g, n = settings.num_samples, len(all_qids)
-    sampled, sample_tokens, sample_mask = n, tokens, mask
-    if settings.reflection_prompts and settings.plain_alone and not group_valid[len(qids):].any():
-        sampled = len(qids)                                             # the plain prompts at their own width
-        sample_tokens, sample_mask = bank.prompt_tokens[qids], bank.prompt_mask[qids]
-    per_call = chunk_prompts(sampled, g, settings.sampling_chunk)
-    calls = range(0, sampled, per_call)
-    extra = len(calls) * per_call - sampled                             # the last call's padding prompts
-    sample_tokens, sample_mask = (np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
-                                  for x in (sample_tokens, sample_mask))
-    parts = [generate((graphdef, params), sample_tokens[i:i + per_call], sample_mask[i:i + per_call],
+    g, n, p = settings.num_samples, len(all_qids), len(qids)
+    plain = (bank.prompt_tokens[qids], bank.prompt_mask[qids])          # the plain prompts at their own width
+    if not settings.reflection_prompts:
+        segments = [(0, p, tokens, mask)]
+    elif settings.plain_alone and not group_valid[p:].any():
+        segments = [(0, p, *plain)]                                     # the reflection slots stay empty
+    elif settings.reflection_alone:
+        segments = [(0, p, *plain), (p, n, refl.tokens, refl.mask)]
+    else:
+        segments = [(0, n, tokens, mask)]
+    calls = []  # (prompt of each group, tokens, mask, rows kept): a segment's last call is padded with copies
+    for first, stop, seg_tokens, seg_mask in segments:
+        per_call = chunk_prompts(stop - first, g, settings.sampling_chunk)
+        for i in range(first, stop, per_call):
+            group_prompts = np.minimum(np.arange(i, i + per_call), stop - 1)
+            take = group_prompts - first
+            calls.append((group_prompts, seg_tokens[take], seg_mask[take], min(per_call, stop - i) * g))
+    parts = [generate((graphdef, params), call_tokens, call_mask,
                       sample_key if len(calls) == 1 else jax.random.fold_in(sample_key, c),
                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
                       eos_ids=settings.eos_ids, num_samples=g, valid_vocab=settings.valid_vocab,
                       pad_id=settings.pad_id, slots=settings.sampling_slots or None)
-             for c, i in enumerate(calls)]                                    # dispatched, not yet done
-    rows_qids = np.repeat(np.pad(all_qids[:sampled], (0, extra), mode="edge"), g)
-    rows_valid = np.repeat(np.pad(group_valid[:sampled], (0, extra)), g)  # padding rows are not graded
+             for c, (_, call_tokens, call_mask, _) in enumerate(calls)]   # dispatched, not yet done
     graded, texts, grade_s = [], [], 0.0
-    for i, part in zip(calls, parts, strict=True):
+    for (group_prompts, _, _, kept), part in zip(calls, parts, strict=True):
         jax.block_until_ready(part.lengths)
         t = time.perf_counter()
-        rows = slice(i * g, (i + per_call) * g)
-        correct, reward, part_texts = _grade_rows(part, rows_qids[rows], rows_valid[rows], bank, tokenizer,
-                                                  grader, cfg)
+        rows_qids = np.repeat(all_qids[group_prompts], g)
+        rows_valid = np.repeat(group_valid[group_prompts], g) & (np.arange(len(rows_qids)) < kept)  # padding: no
+        correct, reward, part_texts = _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg)
         graded.append((correct, reward))
         texts.extend(part_texts)
         grade_s += time.perf_counter() - t
-    rollout, correct, reward = _join(parts, graded, rows=sampled * g, empty=(n - sampled) * g,
+    sampled = segments[-1][1]
+    rollout, correct, reward = _join(parts, graded, keep=tuple(call[-1] for call in calls), empty=(n - sampled) * g,
                                      pad_id=settings.pad_id)
     sampled_tokens = hosts.fetch(jnp.sum(jnp.where(jnp.asarray(np.repeat(group_valid, g)), rollout.lengths, 0)))
     batch = rl_batch.from_rollout(rollout, g, qids=all_qids, prompt_tokens=tokens[:n], prompt_mask=mask[:n],
@@ -212,4 +223,5 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
     if cfg.dynamic_sampling:
         batch = _filter_groups(batch, num_groups)
     return StepRollouts(batch=batch, texts=texts, sample_s=time.perf_counter() - start - grade_s, grade_s=grade_s,
-                        generated_tokens=int(sampled_tokens), sampled=(sampled, sample_tokens.shape[1]))
+                        generated_tokens=int(sampled_tokens),
+                        sampled=tuple((stop - first, seg_tokens.shape[1]) for first, stop, seg_tokens, _ in segments))

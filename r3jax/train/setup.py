@@ -159,9 +159,12 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         raise SetupError(f"sampling_chunk: {e}") from e
     if per_call < questions + slots:
         _check_batch_fits(c, mesh, per_call, f"sampling_chunk = {c.sampling_chunk} rows = {per_call} prompts")
-    # a step with no reflection prompt samples the plain prompts alone when their rows split over the devices
-    plain_rows = min(questions, per_call) * c.samples_per_prompt
-    settings = dataclasses.replace(settings, plain_alone=plain_rows % sharding.batch_devices(mesh) == 0)
+    # a step with no reflection prompt samples the plain prompts alone when their rows split over the devices;
+    # one with reflection prompts samples them in calls of their own when theirs split too
+    plain_rows, reflection_rows = (min(n, per_call) * c.samples_per_prompt for n in (questions, slots))
+    plain_alone = plain_rows % sharding.batch_devices(mesh) == 0
+    settings = dataclasses.replace(settings, plain_alone=plain_alone, reflection_alone=plain_alone and slots > 0
+                                   and reflection_rows % sharding.batch_devices(mesh) == 0)
     benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
     graphdef, params = rm.split_params(_load_model(c, model_cfg, mesh))
     tx = train_step.optimizer(rl)
