@@ -166,8 +166,8 @@ class Qwen2(nnx.Module):
         mask_bts = jnp.concatenate([jnp.broadcast_to(seen[:, None], (b, t, seen.shape[1])),
                                     kv_cache.causal_mask(mask_bt)], axis=-1)            # [B, T, P + T]
         tables = rope_tables(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
-        x, _, _ = self._scan_layers(self._embed(tokens_bt), tables, mask_bts, None, None, None,
-                                    prefix=(k[:, row_prefix], v[:, row_prefix]))
+        x, _, _ = self._scan_layers(self._embed(tokens_bt), tables, mask_bts, None, None, None, prefix=(k, v),
+                                    prefix_rows=row_prefix)
         return self.norm(prefix), self.norm(x)
 
     def _embed(self, tokens_bt):
@@ -176,17 +176,22 @@ class Qwen2(nnx.Module):
 
     # --- internals ---------------------------------------------------------------------------------
 
-    def _scan_layers(self, x, tables, mask_bts, kv, index, bound, *, prefix=None, emit: bool = False):
+    def _scan_layers(self, x, tables, mask_bts, kv, index, bound, *, prefix=None, prefix_rows=None,
+                     emit: bool = False):
         """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
 
         The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place. Without a
-        cache, prefix (k, v [L, B, K, P, H]) gives each layer the keys and values its tokens attend to first,
-        and emit returns every layer's own (k, v [L, B, K, T, H]). Returns (x, kv, emitted or None)."""
+        cache, prefix (k, v [L, Q, K, P, H]) gives each layer the keys and values its tokens attend to first
+        (row b those of prefix prefix_rows[b], gathered inside the layer: no [L, B, ...] copy, nor its
+        gradient, is ever formed), and emit returns every layer's own (k, v [L, B, K, T, H]). Returns (x, kv,
+        emitted or None)."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, per_layer):
             x, kv = carry
             params, layer, layer_prefix = per_layer
+            if layer_prefix is not None:
+                layer_prefix = tuple(jnp.take(p, prefix_rows, axis=0) for p in layer_prefix)
             x, new = nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index, bound, prefix=layer_prefix)
             if kv is not None:
                 return (x, new), None
