@@ -80,7 +80,8 @@ class RLConfig:
     max_response_tokens: int = 8192      # generation budget (the buffer's T)
     bucket_min_width: int = 64           # the loss reads W <= T response columns, a power of two >= this (0: T)
     bucket_replay: bool = True           # the loss's replay rows: as many as CCR fills, bucketed (False: P·k)
-    share_prompts: bool = True           # a group's rows run its prompt once per micro-batch (False: every row)
+    share_prompts: bool = True           # a group's rows run its prompt once per micro-batch (False: every row);
+                                         # on one device's rows only (`train_step.make_train_step`)
     r3: R3Config = dataclasses.field(default_factory=R3Config)
 
     def __post_init__(self):

@@ -309,7 +309,12 @@ def state_shardings(state: TrainState, tx: optax.GradientTransformation, mesh) -
 def make_train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state: TrainState,
                     batch: rl_batch.RolloutBatch, mesh=None):
     """`train_step` jitted: `step(state, batch[, layout])`, the state donated and coming back with its input
-    shardings; each `layout` (static, hashable) compiles once."""
+    shardings; each `layout` (static, hashable) compiles once. On a mesh that splits the loss rows over several
+    devices, rows do not share prompts (`rl.share_prompts` is for one device's rows: libtpu 0.0.42.1 aborts
+    compiling the cross-shard form, a CHECK failure in its AllGatherDynamicSliceCancellation pass, and its
+    gathers across shards are unmeasured)."""
+    if mesh is not None and sharding.batch_devices(mesh) > 1 and cfg.share_prompts:
+        cfg = dataclasses.replace(cfg, share_prompts=False)
     step = functools.partial(train_step, graphdef, cfg, tx)
     if mesh is None:
         return jax.jit(step, donate_argnums=0, static_argnums=2)
