@@ -274,6 +274,25 @@ def short_batch(correct, longest, truncated):
                                entropies=b.entropies * mask)
 
 
+def with_three_stored(state):
+    """Two correct answers of question 0 (2 and 4 tokens) and one wrong of question 1 (3 tokens) in the buffer."""
+    rng = np.random.RandomState(5)
+    stored = replay.insert(state.buffer, jnp.array([0, 0, 1]), jnp.asarray(rng.randint(1, V, (3, T)), jnp.int32),
+                           jnp.array([2, 4, 3]), jnp.array([True, True, False]), jnp.ones((3,), bool), 0)
+    return dataclasses.replace(state, buffer=stored)
+
+
+def assert_same_step(got, got_metrics, want, want_metrics):
+    """Same params (1e-6), metrics and buffer (exactly: full-width rows, whatever the layout)."""
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    assert got_metrics.keys() == want_metrics.keys()
+    for k in want_metrics:
+        np.testing.assert_allclose(got_metrics[k], want_metrics[k], atol=1e-6, rtol=1e-5, err_msg=k)
+    for a, b in zip(jax.tree.leaves(got.buffer), jax.tree.leaves(want.buffer), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("name, stored", [("r3", True), ("r3", False), ("grpo", False)],
                          ids=["r3_replaying", "r3_nothing_stored", "grpo"])
 def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
@@ -286,10 +305,7 @@ def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
     batch = short_batch([[False, False], [True, True], [True, False], [False, False]], 3, truncated)
     cfg, tx, graphdef, state = setup(name, sgd=True, bucket_min_width=2)
     if stored:
-        rng = np.random.RandomState(5)
-        stored = replay.insert(state.buffer, jnp.array([0, 0, 1]), jnp.asarray(rng.randint(1, V, (3, T)), jnp.int32),
-                               jnp.array([2, 4, 3]), jnp.array([True, True, False]), jnp.ones((3,), bool), 0)
-        state = dataclasses.replace(state, buffer=stored)
+        state = with_three_stored(state)
     chosen = layout.choose(cfg, state.buffer, batch)
     assert chosen == layout.Layout(width=4, replay_rows=4 if stored else 0)
     step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
@@ -298,13 +314,7 @@ def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
     if name == "r3":
         assert float(padded_m["r3/ccr_appended"]) == (3.0 if stored else 0.0)
         assert float(padded_m["r3/serr_scored"]) == G
-    for a, b in zip(jax.tree.leaves(bucketed.params), jax.tree.leaves(padded.params), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
-    assert padded_m.keys() == bucketed_m.keys()
-    for k in padded_m:
-        np.testing.assert_allclose(bucketed_m[k], padded_m[k], atol=1e-6, rtol=1e-5, err_msg=k)
-    for a, b in zip(jax.tree.leaves(bucketed.buffer), jax.tree.leaves(padded.buffer), strict=True):
-        np.testing.assert_array_equal(a, b)  # full-width rows, as the padded step stores them
+    assert_same_step(bucketed, bucketed_m, padded, padded_m)
 
 
 @pytest.mark.parametrize("name, micro, beta", [("r3", 1, 0.0), ("r3", 2, 0.04), ("grpo", 1, 0.0)])
@@ -318,24 +328,14 @@ def test_rows_sharing_their_prompt_train_like_rows_that_each_run_it(name, micro,
     for share in (True, False):
         cfg, tx, graphdef, state = setup(name, sgd=True, num_micro_batches=micro, share_prompts=share, beta=beta)
         if name == "r3":
-            rng = np.random.RandomState(5)
-            stored = replay.insert(state.buffer, jnp.array([0, 0, 1]), jnp.asarray(rng.randint(1, V, (3, T)),
-                                                                                    jnp.int32),
-                                   jnp.array([2, 4, 3]), jnp.array([True, True, False]), jnp.ones((3,), bool), 0)
-            state = dataclasses.replace(state, buffer=stored)
+            state = with_three_stored(state)
         chosen = layout.choose(cfg, state.buffer, batch)
         assert (train_step.shared_prompts(cfg, batch, chosen) is not None) == share
         steps[share] = train_step.make_train_step(graphdef, cfg, tx, state, batch)(state, batch, chosen)
     (shared, shared_m), (own, own_m) = steps[True], steps[False]
     if name == "r3":
         assert float(own_m["r3/ccr_appended"]) == 3.0
-    for a, b in zip(jax.tree.leaves(shared.params), jax.tree.leaves(own.params), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
-    assert shared_m.keys() == own_m.keys()
-    for k in own_m:
-        np.testing.assert_allclose(shared_m[k], own_m[k], atol=1e-6, rtol=1e-5, err_msg=k)
-    for a, b in zip(jax.tree.leaves(shared.buffer), jax.tree.leaves(own.buffer), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_step(shared, shared_m, own, own_m)
 
 
 def test_the_sharded_step_compiles_without_involuntary_rematerialization(capfd):
@@ -374,12 +374,7 @@ def test_empty_reflection_slots_and_prompt_padding_leave_the_loss_unchanged(name
     step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
     padded, padded_m = step(jax.tree.map(jnp.copy, state), batch)
     cut, cut_m = step(state, batch, chosen)
-    for a, b in zip(jax.tree.leaves(cut.params), jax.tree.leaves(padded.params), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
-    for k in padded_m:
-        np.testing.assert_allclose(cut_m[k], padded_m[k], atol=1e-6, rtol=1e-5, err_msg=k)
-    for a, b in zip(jax.tree.leaves(cut.buffer), jax.tree.leaves(padded.buffer), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_step(cut, cut_m, padded, padded_m)
 
 
 def test_empty_reflection_slots_stay_when_their_rows_would_not_split():
