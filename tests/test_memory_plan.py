@@ -116,3 +116,18 @@ def test_a_program_the_compiler_cannot_place_is_a_line_that_does_not_fit():
     assert rec["fits"] is False and rec["peak_is_lower_bound"] is True
     assert rec["peak_bytes_per_device"] == int(21.82 * 2**30) and rec["error"].startswith("RESOURCE_EXHAUSTED")
     assert all(k in rec for k in ("program", "topology", "hbm_bytes_per_device", "flops"))
+
+
+def test_train_flops_count_what_each_remat_policy_recomputes():
+    """none: forward + backward (3 F_fwd); full: the forward again (4 F_fwd); dots: only the attention term
+    again, the projections' outputs being kept."""
+    m = rm.tiny()
+    shapes = memory_plan.Shapes(prompts=2, slots=0, samples=4, prompt_tokens=8, response_tokens=24, num_questions=2,
+                                replay_k=0)
+    flops = {r: memory_plan.train_flops(tiny_config(**{"model.remat": r}), m, shapes) for r in ("none", "dots", "full")}
+    tokens = shapes.loss_rows * 32
+    forward, projections = (memory_plan.forward_flops_per_token(m, s) for s in (32, 0))  # 0 slots: no attention
+    assert flops["none"] == pytest.approx(3 * forward * tokens)
+    assert flops["full"] == pytest.approx(4 * forward * tokens)
+    assert flops["dots"] == pytest.approx((3 * forward + forward - projections) * tokens)
+    assert flops["none"] < flops["dots"] < flops["full"]

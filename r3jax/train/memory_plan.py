@@ -15,7 +15,8 @@ parameters (layers and head, not the embedding lookup), per token of a forward p
 
     F_fwd = 2·Φ + 4·L·N·H·S_attn        (S_attn: key slots each query scores; the attention is not causal-skipped)
 
-train step: 3·F_fwd per token (forward + backward, the MFU convention), + F_fwd with full remat;
+train step: 3·F_fwd per token (forward + backward, the MFU convention), + F_fwd with remat "full" (the layer's
+forward again), + its attention term alone with remat "dots" (the projections' outputs are kept);
 sampler: prefill F_fwd on every prompt token, then one F_fwd per row per decode step.
 """
 
@@ -174,8 +175,10 @@ def forward_flops_per_token(m: rm.ModelConfig, attended: int) -> float:
 
 def train_flops(c, m: rm.ModelConfig, s: Shapes) -> float:
     seq = s.prompt_tokens + s.response_tokens
-    passes = 3 + (1 if c.model.remat != "none" else 0)  # forward + backward (2x), + the rematerialised forward
-    return passes * s.loss_rows * seq * forward_flops_per_token(m, seq)
+    forward = forward_flops_per_token(m, seq)
+    recomputed = {"none": 0.0, "full": forward,  # forward + backward (2x), + what the backward recomputes
+                  "dots": forward - forward_flops_per_token(m, 0)}[c.model.remat]
+    return s.loss_rows * seq * (3 * forward + recomputed)
 
 
 def sampler_flops(m: rm.ModelConfig, s: Shapes, rows: int) -> float:
