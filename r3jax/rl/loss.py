@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from r3jax.model import head
+from r3jax.rl import batch as rl_batch
 from r3jax.rl import masked
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
@@ -36,8 +37,7 @@ def sequence_logprobs(model, tokens, attention_mask, response_mask, *, temperatu
     where response_mask[b, s], else 0 (prompt, padding, and always position 0, which has no prefix).
     The head runs chunked (`head.token_logprobs_and_entropy`), so no [B, S, V] logits tensor is formed.
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (log-probs of softmax(logits / temperature)), got {temperature}")
+    _check_temperature(temperature)
     tokens = jnp.asarray(tokens)
     hidden_bsd, _ = model.hidden_states(tokens, attention_mask)
     # The hidden state at s - 1 predicts the token at s.
@@ -60,8 +60,7 @@ def shared_prompt_logprobs(model, tokens, attention_mask, response_mask, prompt_
     same values as `sequence_logprobs` wherever response_mask is set, which must be in the last columns
     only, for a fraction of the work when prompts are long against the responses. Returns ([B, S], [B, S]).
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (log-probs of softmax(logits / temperature)), got {temperature}")
+    _check_temperature(temperature)
     tokens, mask, ids = jnp.asarray(tokens), jnp.asarray(attention_mask).astype(bool), jnp.asarray(prompt_ids)
     b, s = tokens.shape
     if not 0 < prompt_width < s:
@@ -77,8 +76,13 @@ def shared_prompt_logprobs(model, tokens, attention_mask, response_mask, prompt_
     logp, ent = head.token_logprobs_and_entropy(hidden, tokens[:, prompt_width:], model, chunk_size=chunk_size,
                                                 temperature=temperature, valid_vocab=valid_vocab)
     keep = jnp.asarray(response_mask).astype(bool)[:, prompt_width:]
-    place = lambda x: jnp.pad(jnp.where(keep, x, 0.0), ((0, 0), (prompt_width, 0)))  # noqa: E731
+    place = lambda x: rl_batch.response_positions(jnp.where(keep, x, 0.0), prompt_width)  # noqa: E731
     return place(logp), place(ent)
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (log-probs of softmax(logits / temperature)), got {temperature}")
 
 
 # --- Eq. 2 of R³ -------------------------------------------------------------------------------------

@@ -71,8 +71,9 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key, layout.replay_rows)  # 3
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
-    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout)
-    micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg, shared_prompts(cfg, batch, layout))
+    shared = shared_prompts(cfg, batch, layout)
+    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout, shared)
+    micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg, shared)
     loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
     grad_norm = loss.grad_norm(grads)
     params, opt_state, skipped = finite_update(tx, state, grads, jnp.isfinite(loss_value) & jnp.isfinite(grad_norm))
@@ -160,13 +161,13 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key, replay_ro
 
 
 def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv,
-                layout: rl_layout.Layout) -> rl_batch.Sequences:
+                layout: rl_layout.Layout, shared: tuple[int, int] | None = None) -> rl_batch.Sequences:
     """The loss's rows: [prompt | response] for the on-policy responses of the layout's first `groups` groups
     (all P by default), then `replay_rows` rows for the filled replay slots (`replay_picks`), with the
     sampler's log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass); the prompts'
     last `prompt_width` columns. Prompts are left-aligned here too: a hand-built batch with right-padded
     prompts would put padding between prompt and response, and the loss would look fine while its gradients
-    are wrong."""
+    are wrong. `shared` (`shared_prompts`): π_ref's pass also runs each distinct prompt once."""
     prompt_tokens, prompt_mask = rl_batch.left_align(batch.prompt_tokens, batch.prompt_mask)
     if layout.prompt_width:
         prompt_tokens, prompt_mask = prompt_tokens[:, -layout.prompt_width:], prompt_mask[:, -layout.prompt_width:]
@@ -181,7 +182,7 @@ def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Group
     sampler = rl_batch.response_positions(rows(jnp.pad(batch.logprobs, ((0, 0), (0, m - g), (0, 0)))),
                                           prompt_tokens.shape[1])
     prompt_ids = rows(per_slot(jnp.arange(p)))
-    ref = (_no_grad_logprobs(graphdef, cfg, shared_prompts(cfg, batch, layout), state.ref_params,
+    ref = (_no_grad_logprobs(graphdef, cfg, shared, state.ref_params,
                              (tokens, attention, response, prompt_ids)) if cfg.beta > 0
            else jnp.zeros(tokens.shape, jnp.float32))
     return rl_batch.Sequences(tokens=tokens, attention=attention, response=response, on_policy=on_policy,
