@@ -246,6 +246,30 @@ def test_micro_batch_accumulation_is_not_a_mean_of_means(arrays, aggregation):
     assert abs(np.mean([full_loss(theta, mb) for mb in micro]) - value) > 1e-2
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_segments_of_different_widths_accumulate_like_one_batch(arrays, aggregation):
+    """`segment_grads`: rows 0-1 in one micro-batch, rows 2-5 with 3 more (masked) columns in two: the loss,
+    gradients and token-weighted metrics of all six rows together."""
+    logp, old, adv, mask, _ = arrays
+    logp = np.where(mask, logp, old)
+    x = np.random.RandomState(2).normal(0, 1, logp.shape).astype(np.float32)
+    batch = dict(logp=logp, x=x, old=old, adv=adv, mask=mask)
+
+    def loss_sums(theta, mb):
+        return loss.policy_loss_sums(mb["logp"] + theta[0] * mb["x"] + theta[1] * mb["x"] ** 2, mb["old"],
+                                     mb["adv"], mb["mask"], aggregation=aggregation)
+
+    wider = {k: v[2:] if v.ndim == 1 else np.pad(v[2:], ((0, 0), (0, 3))) for k, v in batch.items()}
+    theta = jnp.array([0.05, -0.02])
+    value, grads, metrics = loss.segment_grads(theta, [(loss_sums, {k: v[:2] for k, v in batch.items()}, 1),
+                                                       (loss_sums, wider, 2)])
+    want, want_grads, want_metrics = loss.micro_batch_grads(loss_sums, theta, batch, 1)
+    np.testing.assert_allclose(value, want, rtol=1e-6)
+    np.testing.assert_allclose(grads, want_grads, rtol=1e-6)
+    for key, v in want_metrics.items():
+        np.testing.assert_allclose(metrics[key], v, rtol=1e-5, err_msg=key)
+
+
 # --- optimizer -------------------------------------------------------------------------------------
 
 def test_warmup_schedule_values():

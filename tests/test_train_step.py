@@ -330,7 +330,7 @@ def test_rows_sharing_their_prompt_train_like_rows_that_each_run_it(name, micro,
         if name == "r3":
             state = with_three_stored(state)
         chosen = layout.choose(cfg, state.buffer, batch)
-        assert (train_step.shared_prompts(cfg, batch, chosen) is not None) == share
+        assert (train_step.shared_prompts(cfg, train_step.segments(cfg, batch, chosen)[0]) is not None) == share
         steps[share] = train_step.make_train_step(graphdef, cfg, tx, state, batch)(state, batch, chosen)
     (shared, shared_m), (own, own_m) = steps[True], steps[False]
     if name == "r3":
@@ -382,3 +382,45 @@ def test_empty_reflection_slots_stay_when_their_rows_would_not_split():
     assert layout.choose(cfg, None, slot_batch()).groups is None
     off = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=0, bucket_replay=False)
     assert layout.choose(off, replay.init_buffer(P, T), slot_batch()) == layout.full(off, slot_batch())
+
+
+def reflection_batch():
+    """`make_batch` whose last two groups are reflection prompts of all TP = 4 columns (reflecting on questions
+    0 and 1) after two plain questions of 2 real tokens each; groups 0 and 3 all wrong, 1 all correct."""
+    b = make_batch([[False, False], [True, True], [True, False], [False, False]])
+    reflection = jnp.arange(P) >= 2
+    return dataclasses.replace(b, qids=jnp.array([0, 1, 0, 1], jnp.int32), is_reflection=reflection,
+                               prompt_mask=b.prompt_mask.at[:, :2].set(reflection[:, None]))
+
+
+@pytest.mark.parametrize("name, micro, beta, share", [("r3", 2, 0.04, True), ("r3", 1, 0.0, False),
+                                                      ("grpo", 1, 0.0, True)])
+def test_plain_rows_train_at_their_own_prompt_width_like_all_rows_together(name, micro, beta, share):
+    """The plain questions' rows train in a segment of their own at their 2 prompt columns, the reflection and
+    replay rows at all 4: same params, metrics and buffer as all rows in one segment at 4 columns."""
+    batch = reflection_batch()
+    cfg, tx, graphdef, state = setup(name, sgd=True, num_micro_batches=micro, beta=beta, share_prompts=share,
+                                     bucket_min_width=1)
+    if name == "r3":
+        state = with_three_stored(state)
+    chosen = layout.choose(cfg, state.buffer, batch)
+    assert (chosen.narrow_groups, chosen.narrow_prompt_width, chosen.prompt_width) == (2, 2, None)
+    segs = train_step.segments(cfg, batch, chosen)
+    assert [(s.rows, s.prompt_width) for s in segs] == [(2 * G, 2), (2 * G + chosen.replay_rows, TP)]
+    step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
+    together, together_m = step(jax.tree.map(jnp.copy, state), batch, dataclasses.replace(chosen, narrow_groups=0))
+    apart, apart_m = step(state, batch, chosen)
+    if name == "r3":
+        assert float(apart_m["r3/ccr_appended"]) == 3.0
+    assert_same_step(apart, apart_m, together, together_m)
+
+
+def test_a_narrow_segment_is_left_out_when_its_rows_would_not_split():
+    """Four micro-batches of the 8 + 4 rows hold 3 rows each: the 8 reflection and replay rows would not split
+    into 3 micro-batches."""
+    cfg = algorithm.algorithm_config("r3", max_response_tokens=T, num_micro_batches=4, bucket_min_width=1)
+    chosen = layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, reflection_batch())
+    assert chosen.replay_rows == 4 and chosen.narrow_groups == 0
+    bad = dataclasses.replace(chosen, narrow_groups=2, narrow_prompt_width=2)
+    with pytest.raises(ValueError, match="8 loss rows from row 4 is not divisible into its 3 micro-batches"):
+        train_step._check_shapes(cfg, setup("r3")[3], reflection_batch(), bad)

@@ -18,6 +18,12 @@ Rows that share a prompt (a group's G rows, replay rows of the same question) ca
 (`shared_prompts`, `loss.shared_prompt_logprobs`): how many distinct prompts a micro-batch holds at most
 follows from the same static numbers.
 
+Prompts differ in width: ISR's reflection prompts carry a past answer and are about twice as wide as the plain
+questions before them. With `narrow_groups` set, the loss runs in two segments (`segments`): the on-policy rows
+of the first `narrow_groups` groups (the plain ones) at their own prompt width `narrow_prompt_width`, then the
+rest (reflection groups, replay rows) at `prompt_width`, each split into micro-batches of at most the rows that
+`num_micro_batches` gives the whole loss.
+
 Buckets keep the number of compiled step programs small (one per layout a run meets): W and Wp are powers of
 two of at least `RLConfig.bucket_min_width`, capped at T and at the prompts' width (`bucket_min_width = 0`:
 always T and all prompt columns); R is 0, a quarter, a half or all of P·k, rounded up so that the P·G + R rows
@@ -47,6 +53,45 @@ class Layout:
     replay_rows: int  # R: loss rows for replayed responses, after the on-policy rows (<= P·k)
     prompt_width: int | None = None  # Wp: the last Wp columns of the left-aligned prompts (None: all of them)
     groups: int | None = None        # the first `groups` of the P groups have on-policy rows (None: all P)
+    narrow_groups: int = 0           # the first groups' on-policy rows train apart at narrow_prompt_width (0: no)
+    narrow_prompt_width: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Consecutive loss rows [start, start + rows) that train together: the last `prompt_width` prompt columns,
+    `micro_batches` micro-batches, at most `shared_prompts` distinct prompts in one (0: no fewer than its rows)."""
+
+    start: int
+    rows: int
+    prompt_width: int
+    micro_batches: int
+    shared_prompts: int
+
+
+def segments(layout: Layout, num_micro_batches: int, p: int, g: int, prompt_columns: int) -> tuple[Segment, ...]:
+    """The loss's row segments for a layout of P groups of G (prompts of `prompt_columns`): one, or two with
+    `narrow_groups` (the narrow on-policy rows, then the rest). A segment's micro-batches hold at most
+    rows / num_micro_batches rows, as the single segment's do; whether its rows split evenly is `_splits`'s
+    (and `choose`'s) concern."""
+    groups = layout.groups or p
+    rows = groups * g + layout.replay_rows
+    wide = layout.prompt_width or prompt_columns
+    if not layout.narrow_groups:
+        return (Segment(0, rows, wide, num_micro_batches,
+                        shared_prompts(groups, g, layout.replay_rows, num_micro_batches)),)
+    per = rows // num_micro_batches
+    narrow, rest = layout.narrow_groups * g, rows - layout.narrow_groups * g
+    m_narrow, m_rest = -(-narrow // per), -(-rest // per)
+    return (Segment(0, narrow, layout.narrow_prompt_width, m_narrow,
+                    shared_prompts(layout.narrow_groups, g, 0, m_narrow)),
+            Segment(narrow, rest, wide, m_rest,
+                    shared_prompts(groups - layout.narrow_groups, g, layout.replay_rows, m_rest)))
+
+
+def _splits(segs: tuple[Segment, ...], devices: int) -> bool:
+    """Every segment's rows split into its micro-batches, each a multiple of `devices` rows (batch devices)."""
+    return all(s.rows % s.micro_batches == 0 and (s.rows // s.micro_batches) % devices == 0 for s in segs)
 
 
 def shared_prompts(groups: int, g: int, replay_rows: int, num_micro_batches: int) -> int:
@@ -93,9 +138,10 @@ def replay_bucket(needed: int, on_policy_rows: int, most: int, multiple: int) ->
 
 @functools.partial(jax.jit, static_argnames=("k",))
 def _needs(buffer, batch, *, k: int):
-    """[5] int32: the longest on-policy response of a valid row (its last masked column), the responses CCR
+    """[7] int32: the longest on-policy response of a valid row (its last masked column), the responses CCR
     will append (k = 0: none), the longest stored response it may draw, the longest prompt of a valid group,
-    and the groups before the trailing run of empty reflection slots."""
+    the groups before the trailing run of empty reflection slots, the plain groups before the first reflection
+    group, and their longest valid prompt."""
     valid = batch.group_valid[:, None] & (batch.lengths > 0)                     # as `train_step`
     columns = jnp.arange(1, batch.tokens.shape[2] + 1)
     longest = jnp.max(jnp.where(batch.mask & valid[..., None], columns, 0))
@@ -105,8 +151,11 @@ def _needs(buffer, batch, *, k: int):
     prompt = jnp.max(jnp.where(batch.group_valid, jnp.asarray(batch.prompt_mask).sum(axis=1), 0))
     empty_slot = batch.is_reflection & ~batch.group_valid
     groups = jnp.max(jnp.where(empty_slot, 0, jnp.arange(1, empty_slot.shape[0] + 1)))
+    plain = jnp.argmin(jnp.append(~batch.is_reflection, False))  # the leading plain groups
+    leading = jnp.arange(batch.is_reflection.shape[0]) < plain
+    plain_prompt = jnp.max(jnp.where(batch.group_valid & leading, jnp.asarray(batch.prompt_mask).sum(axis=1), 0))
     return jnp.stack([longest.astype(jnp.int32), count, replay_longest, prompt.astype(jnp.int32),
-                      groups.astype(jnp.int32)])
+                      groups.astype(jnp.int32), plain.astype(jnp.int32), plain_prompt.astype(jnp.int32)])
 
 
 def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
@@ -115,7 +164,7 @@ def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
     padded = full(cfg, batch)
     k = cfg.r3.replay_k if cfg.uses_replay else 0
     needs = hosts.fetch(_needs(buffer if k else None, batch, k=k))
-    longest, needed, replay_longest, prompt_longest, groups = (int(x) for x in needs)
+    longest, needed, replay_longest, prompt_longest, groups, plain, plain_longest = (int(x) for x in needs)
     width = width_bucket(max(longest, replay_longest), t, cfg.bucket_min_width)
     prompt_columns = batch.prompt_tokens.shape[1]
     prompt_width = width_bucket(prompt_longest, prompt_columns, cfg.bucket_min_width)
@@ -127,4 +176,21 @@ def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
     if (groups * g + rows) % multiple:  # the empty reflection slots stay: the rows would not split
         groups = p
         rows = replay_bucket(needed, p * g, padded.replay_rows, multiple) if k else 0
-    return Layout(width=width, replay_rows=rows, prompt_width=prompt_width, groups=None if groups == p else groups)
+    chosen = Layout(width=width, replay_rows=rows, prompt_width=prompt_width, groups=None if groups == p else groups)
+    return _narrowed(chosen, cfg, p, g, prompt_columns, plain, width_bucket(plain_longest, prompt_columns,
+                                                                             cfg.bucket_min_width),
+                     sharding.batch_devices(mesh))
+
+
+def _narrowed(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int, plain: int, narrow_width: int,
+              devices: int) -> Layout:
+    """`chosen` with its first `plain` groups in a segment of their own at `narrow_width` prompt columns, when
+    that is narrower than the rest's, the rest has rows, and both segments split over micro-batches and
+    devices; else `chosen`."""
+    groups = chosen.groups or p
+    rows = groups * g + chosen.replay_rows
+    if not 0 < plain <= groups or plain * g >= rows or narrow_width >= (chosen.prompt_width or prompt_columns):
+        return chosen
+    narrowed = dataclasses.replace(chosen, narrow_groups=plain, narrow_prompt_width=narrow_width)
+    segs = segments(narrowed, cfg.num_micro_batches, p, g, prompt_columns)
+    return narrowed if _splits(segs, devices) else chosen

@@ -227,20 +227,32 @@ def micro_batch_grads(loss_fn, params, batch, num_micro_batches: int):
     returned in each parameter's dtype.
     Returns (loss, grads, metrics); token-mean metrics are weighted by each micro-batch's `policy/tokens`.
     """
-    micro = split_micro_batches(batch, num_micro_batches)
-    sum_and_grad = jax.value_and_grad(lambda p, mb: _sum_with_aux(loss_fn(p, mb)), has_aux=True)
+    return segment_grads(params, [(loss_fn, batch, num_micro_batches)])
 
-    def body(carry, micro_batch):
-        grads_acc, sum_acc, count_acc = carry
-        (loss_sum, (loss_count, metrics)), grads = sum_and_grad(params, micro_batch)
-        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-        return (grads_acc, sum_acc + loss_sum, count_acc + loss_count), metrics
 
+def segment_grads(params, segments):
+    """`micro_batch_grads` over segments of rows of different shapes (prompt widths, say): `segments` is a
+    sequence of (loss_fn, batch, num_micro_batches), each scanned over its own micro-batches. The loss sums,
+    counts and gradients add up over all micro-batches of all segments before the one division, so the result
+    is the loss and gradient of all rows together, exactly as for one segment. Returns (loss, grads, metrics)."""
     zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-    (grads, loss_sum, loss_count), metrics = jax.lax.scan(body, init, micro)
+    carry = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+    per_micro_batch = []
+    for loss_fn, batch, num_micro_batches in segments:
+        sum_and_grad = jax.value_and_grad(lambda p, mb, f=loss_fn: _sum_with_aux(f(p, mb)), has_aux=True)
+
+        def body(carry, micro_batch, sum_and_grad=sum_and_grad):
+            grads_acc, sum_acc, count_acc = carry
+            (loss_sum, (loss_count, metrics)), grads = sum_and_grad(params, micro_batch)
+            grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+            return (grads_acc, sum_acc + loss_sum, count_acc + loss_count), metrics
+
+        carry, metrics = jax.lax.scan(body, carry, split_micro_batches(batch, num_micro_batches))
+        per_micro_batch.append(metrics)
+    grads, loss_sum, loss_count = carry
     denominator = jnp.maximum(loss_count, 1.0)
     grads = jax.tree.map(lambda g, p: (g / denominator).astype(jnp.result_type(p)), grads, params)
+    metrics = jax.tree.map(lambda *m: jnp.concatenate(m), *per_micro_batch)
     return loss_sum / denominator, grads, _combine_metrics(metrics)
 
 

@@ -71,10 +71,9 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
     groups = replayed_groups(cfg, state.buffer, batch, rewards, valid, key, layout.replay_rows)  # 3
     adv = advantages.group_advantages(groups.rewards, groups.valid, groups.mixed,  # 4
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
-    shared = shared_prompts(cfg, batch, layout)
-    seqs = loss_inputs(graphdef, cfg, state, batch, groups, adv, layout, shared)
-    micro_loss = functools.partial(_micro_batch_loss, graphdef, cfg, shared)
-    loss_value, grads, policy = loss.micro_batch_grads(micro_loss, state.params, seqs, cfg.num_micro_batches)  # 5
+    seqs = loss_inputs(batch, groups, adv, layout)
+    loss_value, grads, policy = loss.segment_grads(state.params, loss_segments(graphdef, cfg, state, batch, seqs,  # 5
+                                                                               layout))
     grad_norm = loss.grad_norm(grads)
     params, opt_state, skipped = finite_update(tx, state, grads, jnp.isfinite(loss_value) & jnp.isfinite(grad_norm))
     buffer = store_responses(cfg, state.buffer, stored, valid, state.step)         # 6
@@ -120,6 +119,15 @@ def _check_shapes(cfg: RLConfig, state: TrainState, batch, layout: rl_layout.Lay
     if rows % cfg.num_micro_batches:
         raise ValueError(f"the loss has {how} = {rows} rows, not divisible into "
                          f"num_micro_batches = {cfg.num_micro_batches}")
+    if layout.narrow_groups and not (layout.narrow_groups <= groups and 1 <= layout.narrow_prompt_width
+                                     <= (layout.prompt_width or prompt_columns)):
+        raise ValueError(f"{layout}: its narrow segment ({layout.narrow_groups} groups at "
+                         f"{layout.narrow_prompt_width} prompt columns) does not fit {groups} groups and "
+                         f"{layout.prompt_width or prompt_columns} prompt columns")
+    for seg in segments(cfg, batch, layout):
+        if seg.rows % seg.micro_batches:
+            raise ValueError(f"{layout}: the segment of {seg.rows} loss rows from row {seg.start} is not divisible "
+                             f"into its {seg.micro_batches} micro-batches")
 
 
 def shaped_rewards(cfg: RLConfig, batch):
@@ -160,14 +168,13 @@ def replayed_groups(cfg: RLConfig, buffer, batch, rewards, valid, key, replay_ro
                   valid=jnp.concatenate([valid, rep.valid], axis=1), mixed=rep.appended > 0)
 
 
-def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Groups, adv,
-                layout: rl_layout.Layout, shared: tuple[int, int] | None = None) -> rl_batch.Sequences:
+def loss_inputs(batch, groups: Groups, adv, layout: rl_layout.Layout) -> rl_batch.Sequences:
     """The loss's rows: [prompt | response] for the on-policy responses of the layout's first `groups` groups
     (all P by default), then `replay_rows` rows for the filled replay slots (`replay_picks`), with the
-    sampler's log-probs on on-policy tokens and π_ref's (β > 0 only: the one extra forward pass); the prompts'
-    last `prompt_width` columns. Prompts are left-aligned here too: a hand-built batch with right-padded
-    prompts would put padding between prompt and response, and the loss would look fine while its gradients
-    are wrong. `shared` (`shared_prompts`): π_ref's pass also runs each distinct prompt once."""
+    sampler's log-probs on on-policy tokens; the prompts' last `prompt_width` columns. Prompts are
+    left-aligned here too: a hand-built batch with right-padded prompts would put padding between prompt and
+    response, and the loss would look fine while its gradients are wrong. π_ref's log-probs (β > 0) are
+    zeros here: `segment_rows` computes them for each segment's rows."""
     prompt_tokens, prompt_mask = rl_batch.left_align(batch.prompt_tokens, batch.prompt_mask)
     if layout.prompt_width:
         prompt_tokens, prompt_mask = prompt_tokens[:, -layout.prompt_width:], prompt_mask[:, -layout.prompt_width:]
@@ -181,13 +188,39 @@ def loss_inputs(graphdef, cfg: RLConfig, state: TrainState, batch, groups: Group
     on_policy = response & (jnp.arange(tokens.shape[0]) < (layout.groups or p) * g)[:, None]
     sampler = rl_batch.response_positions(rows(jnp.pad(batch.logprobs, ((0, 0), (0, m - g), (0, 0)))),
                                           prompt_tokens.shape[1])
-    prompt_ids = rows(per_slot(jnp.arange(p)))
-    ref = (_no_grad_logprobs(graphdef, cfg, shared, state.ref_params,
-                             (tokens, attention, response, prompt_ids)) if cfg.beta > 0
-           else jnp.zeros(tokens.shape, jnp.float32))
     return rl_batch.Sequences(tokens=tokens, attention=attention, response=response, on_policy=on_policy,
                               advantages=rows(adv), sampler_logprobs=jnp.where(on_policy, sampler, 0.0),
-                              ref_logprobs=ref, prompt_ids=prompt_ids)
+                              ref_logprobs=jnp.zeros(tokens.shape, jnp.float32),
+                              prompt_ids=rows(per_slot(jnp.arange(p))))
+
+
+def loss_segments(graphdef, cfg: RLConfig, state: TrainState, batch, seqs: rl_batch.Sequences,
+                  layout: rl_layout.Layout) -> list:
+    """(micro-batch loss, rows, micro-batches) for each of the loss's segments: what `loss.segment_grads` runs."""
+    prompt_width = layout.prompt_width or batch.prompt_tokens.shape[1]
+    return [(functools.partial(_micro_batch_loss, graphdef, cfg, shared_prompts(cfg, seg)),
+             segment_rows(graphdef, cfg, state, seqs, seg, prompt_width), seg.micro_batches)
+            for seg in segments(cfg, batch, layout)]
+
+
+def segments(cfg: RLConfig, batch, layout: rl_layout.Layout) -> tuple[rl_layout.Segment, ...]:
+    """The loss rows' segments (`layout.segments`): one, or the narrow-prompt rows apart from the rest."""
+    p, g, _ = batch.tokens.shape
+    return rl_layout.segments(layout, cfg.num_micro_batches, p, g, batch.prompt_tokens.shape[1])
+
+
+def segment_rows(graphdef, cfg: RLConfig, state: TrainState, seqs: rl_batch.Sequences,
+                 seg: rl_layout.Segment, prompt_width: int) -> rl_batch.Sequences:
+    """The segment's rows of `loss_inputs` (whose rows have `prompt_width` prompt columns), with only its own
+    last `seg.prompt_width` prompt columns (the rows' prompts fit: `layout.choose`), and π_ref's log-probs
+    (β > 0 only: the one extra forward pass, which shares prompts as the policy's does)."""
+    rows = slice(seg.start, seg.start + seg.rows)
+    part = jax.tree.map(lambda x: x[rows, prompt_width - seg.prompt_width:] if x.ndim == 2 else x[rows], seqs)
+    if cfg.beta > 0:
+        ref = _no_grad_logprobs(graphdef, cfg, shared_prompts(cfg, seg), seg.micro_batches, state.ref_params,
+                                (part.tokens, part.attention, part.response, part.prompt_ids))
+        part = dataclasses.replace(part, ref_logprobs=ref)
+    return part
 
 
 def replay_picks(replay_valid, replay_rows: int):
@@ -215,15 +248,12 @@ def store_responses(cfg: RLConfig, buffer, batch, valid, step):
                          flat(batch.correct), flat(valid), step)
 
 
-def shared_prompts(cfg: RLConfig, batch, layout: rl_layout.Layout) -> tuple[int, int] | None:
-    """(prompt columns, distinct prompts per micro-batch at most) when the loss runs each micro-batch's prompts
-    once (`loss.shared_prompt_logprobs`), None when every row runs its own (`rl.share_prompts` off, or no
-    micro-batch would hold fewer prompts than rows). Static: part of the layout's program."""
-    p, g, _ = batch.tokens.shape
-    most = rl_layout.shared_prompts(layout.groups or p, g, layout.replay_rows, cfg.num_micro_batches)
-    if not (cfg.share_prompts and most):
-        return None
-    return layout.prompt_width or batch.prompt_tokens.shape[1], most
+def shared_prompts(cfg: RLConfig, seg: rl_layout.Segment) -> tuple[int, int] | None:
+    """(prompt columns, distinct prompts per micro-batch at most) when the segment's loss runs each
+    micro-batch's prompts once (`loss.shared_prompt_logprobs`), None when every row runs its own
+    (`rl.share_prompts` off, or no micro-batch would hold fewer prompts than rows). Static: part of the
+    layout's program."""
+    return (seg.prompt_width, seg.shared_prompts) if cfg.share_prompts and seg.shared_prompts else None
 
 
 def _micro_batch_loss(graphdef, cfg: RLConfig, shared: tuple[int, int] | None, params, seqs: rl_batch.Sequences):
@@ -256,10 +286,10 @@ def _logprobs(cfg: RLConfig, shared, model, tokens, attention, response, prompt_
                                        num_prompts=shared[1], **kw)
 
 
-def _no_grad_logprobs(graphdef, cfg: RLConfig, shared, params, rows):
-    """Teacher-forced log-probs of all rows (tokens, attention, response, prompt ids), micro-batch by
-    micro-batch, without gradients."""
-    micro = loss.split_micro_batches(rows, cfg.num_micro_batches)
+def _no_grad_logprobs(graphdef, cfg: RLConfig, shared, num_micro_batches: int, params, rows):
+    """Teacher-forced log-probs of rows (tokens, attention, response, prompt ids), micro-batch by micro-batch,
+    without gradients."""
+    micro = loss.split_micro_batches(rows, num_micro_batches)
 
     def one(mb):
         model = nnx.merge(graphdef, jax.lax.stop_gradient(params))
