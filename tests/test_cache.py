@@ -44,21 +44,26 @@ def test_a_later_token_never_changes_an_earlier_output():
     assert np.abs(a[:, 5:] - b[:, 5:]).max() > 1e-3
 
 
-@pytest.mark.parametrize("t, bound", [(1, 9), (1, 13), (3, 11)])
-def test_blocked_cached_attention_equals_full_attention(t, bound):
-    """Blocks of 4 over 13 slots: the last block is moved back to end at 13 and overlaps the one before."""
+@pytest.mark.parametrize("per_layer", [False, True], ids=["stacked", "per_layer"])
+@pytest.mark.parametrize("t, bound, block", [(1, 9, 4), (1, 13, 4), (3, 11, 4), (3, 11, 16)])
+def test_blocked_cached_attention_equals_full_attention(t, bound, block, per_layer):
+    """Blocks of 4 over 13 slots: the last block is moved back to end at 13 and overlaps the one before; a
+    block of 16 holds the whole cache (read without the loop). Keys are stored [.., H, S], values [.., S, H]."""
     rng = np.random.RandomState(t)
     b, n, k, s, h = 2, 4, 2, 13, 8
     q = jnp.asarray(rng.randn(b, t, n, h), jnp.float32)
     cache = jnp.asarray(rng.randn(2, 3, b, k, s, h), jnp.float32)  # (k, v) x [L=3, B, K, S, H]
+    kv = (cache[0].swapaxes(-1, -2), cache[1])
+    if per_layer:
+        kv = tuple(tuple(x) for x in kv)
     mask = rng.rand(b, t, s) < 0.7
     mask[:, :, bound:] = False  # nothing at or past the bound is visible
     mask[:, :, 0] = True
     full = layers.attend(q, cache[0, 1], cache[1, 1], jnp.asarray(mask))
-    blocked = layers.attend_cached(q, (cache[0], cache[1]), 1, jnp.asarray(mask), jnp.int32(bound), block=4)
+    blocked = layers.attend_cached(q, kv, 1, jnp.asarray(mask), jnp.int32(bound), block=block)
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(full), atol=1e-6)
     # Reading blocks that hold nothing visible changes no bit.
-    further = layers.attend_cached(q, (cache[0], cache[1]), 1, jnp.asarray(mask), jnp.int32(s), block=4)
+    further = layers.attend_cached(q, kv, 1, jnp.asarray(mask), jnp.int32(s), block=block)
     np.testing.assert_array_equal(np.asarray(further), np.asarray(blocked))
 
 

@@ -16,8 +16,14 @@ from r3jax.model.config import ModelConfig
 class Cache:
     """Keys and values of every layer, plus which slots hold real tokens.
 
-    k, v:   [L, B, K, S, H] (heads before slots: a decode step's attention then reads each head's
-            keys as one contiguous [S, H] block, with no transpose of the cache)
+    k:      [L, B, K, H, S] keys, slots last: a decode step's scores q·k are then a [R, H] x [H, S]
+            product per row and head, which XLA:CPU runs ~2.5x faster than [R, H] x [S, H]^T (measured at
+            64 rows, 192 slots: 0.15 vs 0.38 ms a layer)
+    v:      [L, B, K, S, H] values (heads before slots: each head's values one contiguous [S, H] block)
+            Or, per layer (`init_cache(per_layer=True)`, for decode loops that run the layers unrolled): k
+            and v are tuples of L arrays [B, K, H, S] and [B, K, S, H], each its own buffer. A layer then
+            reads its keys and values where they are; out of a stacked cache XLA copies them out first, at
+            every step (measured: ~0.3 ms a layer at 64 rows, 192 slots).
     mask:   [B, S] bool, True where a slot holds a real (non-padding) token
     index:  [] int32, the next slot to write; every row writes at the same slot, so a left-padded
             prompt batch stays aligned and decoding writes one column per step. Or [B] int32: each row
@@ -32,19 +38,29 @@ class Cache:
 
     @property
     def max_length(self) -> int:
-        return self.k.shape[3]
+        return self.v[0].shape[2]  # layer 0's [B, K, S, H], stacked or per layer
+
+    @property
+    def per_layer(self) -> bool:
+        return isinstance(self.v, tuple)
 
 
-def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32, mesh=None) -> Cache:
-    """An empty cache of `max_length` slots (prompt plus new tokens), sharded like the activations."""
-    shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim)
-    kv_sharding = None if mesh is None else sharding.named(mesh, "cache_lbksh", shape)
+def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32, mesh=None, *,
+               per_layer: bool = False) -> Cache:
+    """An empty cache of `max_length` slots (prompt plus new tokens), sharded like the activations; per_layer:
+    k and v as tuples of per-layer arrays (`Cache`)."""
+    n, kh, h = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+
+    def zeros(name, shape):  # every array its own buffer: a cache is donated, and no buffer twice
+        x = jnp.zeros(shape, dtype)
+        return x if mesh is None else jax.device_put(x, sharding.named(mesh, name, shape))
+
+    if per_layer:
+        shapes = (("cache_bkhs", (batch, kh, h, max_length)), ("cache_bksh", (batch, kh, max_length, h)))
+        kv = [tuple(zeros(name, shape) for _ in range(n)) for name, shape in shapes]
+    else:
+        kv = [zeros("cache_lbkhs", (n, batch, kh, h, max_length)), zeros("cache_lbksh", (n, batch, kh, max_length, h))]
     mask_sharding = None if mesh is None else sharding.named(mesh, "cache_bs", (batch, max_length))
-    # k and v get buffers of their own: the cache is donated into jitted steps, and one buffer
-    # cannot be donated twice.
-    kv = [jnp.zeros(shape, dtype) for _ in range(2)]
-    if kv_sharding is not None:
-        kv = [jax.device_put(x, kv_sharding) for x in kv]
     mask = jnp.zeros((batch, max_length), bool)
     return Cache(
         k=kv[0],
@@ -101,24 +117,32 @@ def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array
     return dataclasses.replace(cache, mask=new_mask, index=cache.index + t), positions, attn
 
 
-def write_layer(kv: tuple[jax.Array, jax.Array], layer, k_btkh: jax.Array, v_btkh: jax.Array,
-                index: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Writes one layer's new keys and values [B, T, K, H] at (layer, slot `index`) of the full
-    [L, B, K, S, H] cache, in place, and returns the full cache.
+def write_layer(kv: tuple, layer, k_btkh: jax.Array, v_btkh: jax.Array, index: jax.Array) -> tuple:
+    """Writes one layer's new keys and values [B, T, K, H] at (layer, slot `index`) of the full cache
+    (k [L, B, K, H, S], v [L, B, K, S, H], or per-layer tuples with `layer` a Python int), in place, and
+    returns the full cache.
 
     Updating the whole stacked cache (rather than scanning over per-layer slices and restacking)
     lets XLA write in place: decoding never copies the cache. A per-row index [B] is a scatter of B
     rows (out-of-range slots dropped), also in place.
     """
+    if isinstance(kv[0], tuple):
+        k, v = _write((kv[0][layer], kv[1][layer]), (), k_btkh, v_btkh, index)
+        put = lambda full, new: (*full[:layer], new, *full[layer + 1:])  # noqa: E731
+        return put(kv[0], k), put(kv[1], v)
+    return _write(kv, (layer,), k_btkh, v_btkh, index)
+
+
+def _write(kv, lead: tuple, k_btkh, v_btkh, index):
+    """`write_layer` into k [*lead, B, K, H, S] and v [*lead, B, K, S, H] at the leading indices `lead`."""
     if index.ndim == 0:
-        at = (layer, 0, 0, index, 0)
-        new = lambda x, full: x.swapaxes(1, 2)[None].astype(full.dtype)  # noqa: E731  [1, B, K, T, H]
-        k_full = jax.lax.dynamic_update_slice(kv[0], new(k_btkh, kv[0]), at)
-        v_full = jax.lax.dynamic_update_slice(kv[1], new(v_btkh, kv[1]), at)
-    else:
-        b, t = k_btkh.shape[:2]
-        rows, slots = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t)), _query_slots(index, t)
-        # Advanced indices split by a slice: the update is laid out [B, T, K, H], as the new keys are.
-        k_full = kv[0].at[layer, rows, :, slots, :].set(k_btkh.astype(kv[0].dtype), mode="drop")
-        v_full = kv[1].at[layer, rows, :, slots, :].set(v_btkh.astype(kv[1].dtype), mode="drop")
-    return k_full, v_full
+        k_new = k_btkh.transpose(0, 2, 3, 1)[(None,) * len(lead)].astype(kv[0].dtype)  # [*, B, K, H, T]
+        v_new = v_btkh.swapaxes(1, 2)[(None,) * len(lead)].astype(kv[1].dtype)         # [*, B, K, T, H]
+        return (jax.lax.dynamic_update_slice(kv[0], k_new, (*lead, 0, 0, 0, index)),
+                jax.lax.dynamic_update_slice(kv[1], v_new, (*lead, 0, 0, index, 0)))
+    b, t = k_btkh.shape[:2]
+    rows, slots = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t)), _query_slots(index, t)
+    every = slice(None)
+    # Advanced indices split by slices: the update is laid out [B, T, K, H], as the new keys are.
+    return (kv[0].at[(*lead, rows, every, every, slots)].set(k_btkh.astype(kv[0].dtype), mode="drop"),
+            kv[1].at[(*lead, rows, every, slots, every)].set(v_btkh.astype(kv[1].dtype), mode="drop"))

@@ -64,24 +64,29 @@ def attend(q_btnh, k_bksh, v_bksh, mask_bts) -> jax.Array:
 
 
 def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int = CACHE_BLOCK) -> jax.Array:
-    """`attend` of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H]), reading only the
-    slots below `bound` ([] int32), `block` slots at a time.
+    """`attend` of T new queries over layer `layer` of the cache (k [L, B, K, H, S], v [L, B, K, S, H], or
+    per-layer tuples: `cache.Cache`), reading only the slots below `bound` ([] int32), `block` slots at a time.
 
     A decode step then costs what the cache holds, not what it could hold: at token 100 of an 8K budget it
     reads one block, not 8K slots. The blocks are combined by the online softmax (a running max m, sum l
     and unnormalised output per query): after block j, out = acc / l with acc = sum_s exp(score_s - m) v_s,
     rescaled by exp(m_old - m_new) whenever the max grows. A block that is all masked adds exp(-huge) = 0
     exactly, so reading further than needed never changes a value. The last block is moved back to end
-    at S; the slots it shares with the block before are masked out of it.
+    at S; the slots it shares with the block before are masked out of it. A cache of at most one block is
+    read whole, without the loop.
     """
     k_full, v_full = kv
-    _, b, kh, s, h = k_full.shape
+    per_layer = isinstance(k_full, tuple)
+    b, kh, s, h = (v_full[layer] if per_layer else v_full[0]).shape
     t, n = q_btnh.shape[1], q_btnh.shape[2]
     width = min(block, s)
     q_bkrth = q_btnh.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
 
-    def read(full, start):  # [B, K, width, H]
-        return jax.lax.dynamic_slice(full, (layer, 0, 0, start, 0), (1, b, kh, width, h))[0].astype(q_btnh.dtype)
+    def read(full, start, keys: bool):  # keys [B, K, H, width], values [B, K, width, H]
+        at, size = ((0, 0, 0, start), (b, kh, h, width)) if keys else ((0, 0, start, 0), (b, kh, width, h))
+        if per_layer:
+            return jax.lax.dynamic_slice(full[layer], at, size).astype(q_btnh.dtype)
+        return jax.lax.dynamic_slice(full, (layer, *at), (1, *size))[0].astype(q_btnh.dtype)
 
     def body(j, carry):
         m, total, acc = carry  # [B, K, R, T], [B, K, R, T], [B, K, R, T, H]
@@ -89,17 +94,21 @@ def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int = CACHE_BLOCK) 
         start = jnp.minimum(first, s - width)
         visible = jax.lax.dynamic_slice_in_dim(mask_bts, start, width, axis=2)
         visible &= (start + jnp.arange(width) >= first)[None, None, :]
-        scores = jnp.einsum("bkrth,bksh->bkrts", q_bkrth, read(k_full, start), preferred_element_type=jnp.float32)
+        scores = jnp.einsum("bkrth,bkhs->bkrts", q_bkrth, read(k_full, start, True),
+                            preferred_element_type=jnp.float32)
         scores = jnp.where(visible[:, None, None], scores * h**-0.5, _MASKED)
         m_new = jnp.maximum(m, scores.max(-1))
         p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
-        v = read(v_full, start)
+        v = read(v_full, start, False)
         pv = jnp.einsum("bkrts,bksh->bkrth", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return m_new, total * rescale + p.sum(-1), acc * rescale[..., None] + pv
 
     stats = jnp.full(q_bkrth.shape[:-1], _MASKED, jnp.float32)
     init = (stats, jnp.zeros_like(stats), jnp.zeros(q_bkrth.shape, jnp.float32))
-    _, total, acc = jax.lax.fori_loop(0, (bound + width - 1) // width, body, init)
+    if width == s:
+        _, total, acc = body(0, init)
+    else:
+        _, total, acc = jax.lax.fori_loop(0, (bound + width - 1) // width, body, init)
     out = (acc / total[..., None]).astype(q_btnh.dtype)  # [B, K, R, T, H]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 

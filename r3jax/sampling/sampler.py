@@ -60,7 +60,7 @@ class SamplingConfig:
 class PromptCache:
     """Every prompt run once: its keys and values, which of its slots are real, its next-token logits."""
 
-    k: jax.Array       # [L, P, K, Tp, H]
+    k: jax.Array       # [L, P, K, H, Tp] (`Cache`: keys slots last)
     v: jax.Array       # [L, P, K, Tp, H]
     mask: jax.Array    # [P, Tp]
     logits: jax.Array  # [P, V]
@@ -216,7 +216,8 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCa
     """Every slot free and every row waiting: the first step's refill hands out the first B rows."""
     n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
     rows = p * cfg.num_samples
-    cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh)
+    # per layer when the loop runs the layers unrolled: each layer reads its own buffers, no copy out of a stack
+    cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh, per_layer=cfg.unroll_layers)
     cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
     return SamplingState(
@@ -238,9 +239,15 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
     prompt = jnp.where(take, new_row, 0) // cfg.num_samples
     tp = prompts.mask.shape[1]
     cache = state.cache
+    keys, values = prompts.k[:, prompt], prompts.v[:, prompt]  # [L, B, K, H, Tp], [L, B, K, Tp, H]
+    if cache.per_layer:
+        k = tuple(x.at[dest, :, :, :tp].set(keys[i], mode="drop") for i, x in enumerate(cache.k))
+        v = tuple(x.at[dest, :, :tp].set(values[i], mode="drop") for i, x in enumerate(cache.v))
+    else:
+        k = cache.k.at[:, dest, :, :, :tp].set(keys, mode="drop")
+        v = cache.v.at[:, dest, :, :tp].set(values, mode="drop")
     cache = dataclasses.replace(
-        cache, k=cache.k.at[:, dest, :, :tp].set(prompts.k[:, prompt], mode="drop"),
-        v=cache.v.at[:, dest, :, :tp].set(prompts.v[:, prompt], mode="drop"),
+        cache, k=k, v=v,
         mask=cache.mask.at[dest].set(jnp.pad(prompts.mask[prompt], ((0, 0), (0, cache.max_length - tp))),
                                      mode="drop"))
     return dataclasses.replace(
@@ -253,7 +260,8 @@ def _narrow(state: SamplingState, width: int) -> SamplingState:
     """Keeps `width` slots, the busy ones first (all of them: the loop narrows only when that many are left)."""
     keep = jnp.argsort(state.free, stable=True)[:width]
     cache = state.cache
-    cache = dataclasses.replace(cache, k=cache.k[:, keep], v=cache.v[:, keep], mask=cache.mask[keep],
+    rows = (lambda x: tuple(a[keep] for a in x)) if cache.per_layer else (lambda x: x[:, keep])  # noqa: E731
+    cache = dataclasses.replace(cache, k=rows(cache.k), v=rows(cache.v), mask=cache.mask[keep],
                                 index=cache.index[keep])
     return dataclasses.replace(state, row=state.row[keep], length=state.length[keep], free=state.free[keep],
                                logits=state.logits[keep], cache=cache)
