@@ -20,10 +20,12 @@ class Cache:
             product per row and head, which XLA:CPU runs ~2.5x faster than [R, H] x [S, H]^T (measured at
             64 rows, 192 slots: 0.15 vs 0.38 ms a layer)
     v:      [L, B, K, S, H] values (heads before slots: each head's values one contiguous [S, H] block)
-            Or, per layer (`init_cache(per_layer=True)`, for decode loops that run the layers unrolled): k
-            and v are tuples of L arrays [B, K, H, S] and [B, K, S, H], each its own buffer. A layer then
-            reads its keys and values where they are; out of a stacked cache XLA copies them out first, at
-            every step (measured: ~0.3 ms a layer at 64 rows, 192 slots).
+            Or, per layer (`init_cache(per_layer=...)`, for decode loops that run the layers unrolled): k and
+            v are tuples over the L layers of their parts, each its own buffer: (head,) or (head, tail), the
+            head the first `per_layer` slots ([B, K, H, S0] keys, [B, K, S0, H] values), the tail the rest.
+            Every step reads the head where it is (out of a stacked cache, or a slice of a longer one, XLA
+            copies it out first, at every step: measured ~0.3 ms a layer at 64 rows, 192 slots), and only
+            the filled blocks of the tail.
     mask:   [B, S] bool, True where a slot holds a real (non-padding) token
     index:  [] int32, the next slot to write; every row writes at the same slot, so a left-padded
             prompt batch stays aligned and decoding writes one column per step. Or [B] int32: each row
@@ -38,7 +40,9 @@ class Cache:
 
     @property
     def max_length(self) -> int:
-        return self.v[0].shape[2]  # layer 0's [B, K, S, H], stacked or per layer
+        if self.per_layer:
+            return sum(part.shape[2] for part in self.v[0])
+        return self.v.shape[3]
 
     @property
     def per_layer(self) -> bool:
@@ -46,9 +50,9 @@ class Cache:
 
 
 def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float32, mesh=None, *,
-               per_layer: bool = False) -> Cache:
-    """An empty cache of `max_length` slots (prompt plus new tokens), sharded like the activations; per_layer:
-    k and v as tuples of per-layer arrays (`Cache`)."""
+               per_layer: int = 0) -> Cache:
+    """An empty cache of `max_length` slots (prompt plus new tokens), sharded like the activations; per_layer
+    > 0: k and v per layer, the first `per_layer` slots a head of their own (`Cache`)."""
     n, kh, h = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
 
     def zeros(name, shape):  # every array its own buffer: a cache is donated, and no buffer twice
@@ -56,8 +60,9 @@ def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float
         return x if mesh is None else jax.device_put(x, sharding.named(mesh, name, shape))
 
     if per_layer:
-        shapes = (("cache_bkhs", (batch, kh, h, max_length)), ("cache_bksh", (batch, kh, max_length, h)))
-        kv = [tuple(zeros(name, shape) for _ in range(n)) for name, shape in shapes]
+        lengths = (max_length,) if max_length <= per_layer else (per_layer, max_length - per_layer)
+        kv = [tuple(tuple(zeros("cache_bkhs", (batch, kh, h, s)) for s in lengths) for _ in range(n)),
+              tuple(tuple(zeros("cache_bksh", (batch, kh, s, h)) for s in lengths) for _ in range(n))]
     else:
         kv = [zeros("cache_lbkhs", (n, batch, kh, h, max_length)), zeros("cache_lbksh", (n, batch, kh, max_length, h))]
     mask_sharding = None if mesh is None else sharding.named(mesh, "cache_bs", (batch, max_length))
@@ -127,21 +132,30 @@ def write_layer(kv: tuple, layer, k_btkh: jax.Array, v_btkh: jax.Array, index: j
     rows (out-of-range slots dropped), also in place.
     """
     if isinstance(kv[0], tuple):
-        k, v = _write((kv[0][layer], kv[1][layer]), (), k_btkh, v_btkh, index)
-        put = lambda full, new: (*full[:layer], new, *full[layer + 1:])  # noqa: E731
-        return put(kv[0], k), put(kv[1], v)
+        k_parts, v_parts, offset = [], [], 0
+        rows_index = jnp.broadcast_to(jnp.asarray(index), k_btkh.shape[:1])
+        for k, v in zip(kv[0][layer], kv[1][layer], strict=True):  # each part takes the slots it holds
+            k, v = _write((k, v), (), k_btkh, v_btkh, rows_index, offset)
+            k_parts.append(k)
+            v_parts.append(v)
+            offset += v.shape[2]
+        put = lambda full, new: (*full[:layer], tuple(new), *full[layer + 1:])  # noqa: E731
+        return put(kv[0], k_parts), put(kv[1], v_parts)
     return _write(kv, (layer,), k_btkh, v_btkh, index)
 
 
-def _write(kv, lead: tuple, k_btkh, v_btkh, index):
-    """`write_layer` into k [*lead, B, K, H, S] and v [*lead, B, K, S, H] at the leading indices `lead`."""
+def _write(kv, lead: tuple, k_btkh, v_btkh, index, offset: int = 0):
+    """`write_layer` into k [*lead, B, K, H, S] and v [*lead, B, K, S, H] at the leading indices `lead`; with
+    a per-row index, into the part of a cache that holds slots [offset, offset + S) (others are dropped)."""
     if index.ndim == 0:
         k_new = k_btkh.transpose(0, 2, 3, 1)[(None,) * len(lead)].astype(kv[0].dtype)  # [*, B, K, H, T]
         v_new = v_btkh.swapaxes(1, 2)[(None,) * len(lead)].astype(kv[1].dtype)         # [*, B, K, T, H]
         return (jax.lax.dynamic_update_slice(kv[0], k_new, (*lead, 0, 0, 0, index)),
                 jax.lax.dynamic_update_slice(kv[1], v_new, (*lead, 0, 0, index, 0)))
     b, t = k_btkh.shape[:2]
-    rows, slots = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t)), _query_slots(index, t)
+    n = kv[1].shape[-2]
+    slots = _query_slots(index, t) - offset
+    rows, slots = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t)), jnp.where((slots >= 0) & (slots < n), slots, n)
     every = slice(None)
     # Advanced indices split by slices: the update is laid out [B, T, K, H], as the new keys are.
     return (kv[0].at[(*lead, rows, every, every, slots)].set(k_btkh.astype(kv[0].dtype), mode="drop"),

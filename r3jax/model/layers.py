@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -63,54 +65,81 @@ def attend(q_btnh, k_bksh, v_bksh, mask_bts) -> jax.Array:
     return jnp.einsum("bkrts,bksh->btkrh", probs, v_bksh).reshape(b, t, n, h)
 
 
-def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int = CACHE_BLOCK) -> jax.Array:
+def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None) -> jax.Array:
     """`attend` of T new queries over layer `layer` of the cache (k [L, B, K, H, S], v [L, B, K, S, H], or
-    per-layer tuples: `cache.Cache`), reading only the slots below `bound` ([] int32), `block` slots at a time.
+    per layer, in parts: `cache.Cache`), reading only the slots below `bound` ([] int32), `block` slots at a
+    time (default `CACHE_BLOCK`).
 
     A decode step then costs what the cache holds, not what it could hold: at token 100 of an 8K budget it
     reads one block, not 8K slots. The blocks are combined by the online softmax (a running max m, sum l
     and unnormalised output per query): after block j, out = acc / l with acc = sum_s exp(score_s - m) v_s,
     rescaled by exp(m_old - m_new) whenever the max grows. A block that is all masked adds exp(-huge) = 0
     exactly, so reading further than needed never changes a value. The last block is moved back to end
-    at S; the slots it shares with the block before are masked out of it. A cache of at most one block is
-    read whole, without the loop.
+    at S; the slots it shares with the block before are masked out of it. A per-layer cache's head is read
+    whole, where it is, and its tail in blocks.
     """
     k_full, v_full = kv
-    per_layer = isinstance(k_full, tuple)
-    b, kh, s, h = (v_full[layer] if per_layer else v_full[0]).shape
-    t, n = q_btnh.shape[1], q_btnh.shape[2]
-    width = min(block, s)
+    block = block or CACHE_BLOCK
+    t, n, h = q_btnh.shape[1], q_btnh.shape[2], q_btnh.shape[3]
+    b, kh = mask_bts.shape[0], (v_full[layer][0] if isinstance(v_full, tuple) else v_full).shape[-3]
     q_bkrth = q_btnh.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
-
-    def read(full, start, keys: bool):  # keys [B, K, H, width], values [B, K, width, H]
-        at, size = ((0, 0, 0, start), (b, kh, h, width)) if keys else ((0, 0, start, 0), (b, kh, width, h))
-        if per_layer:
-            return jax.lax.dynamic_slice(full[layer], at, size).astype(q_btnh.dtype)
-        return jax.lax.dynamic_slice(full, (layer, *at), (1, *size))[0].astype(q_btnh.dtype)
-
-    def body(j, carry):
-        m, total, acc = carry  # [B, K, R, T], [B, K, R, T], [B, K, R, T, H]
-        first = j * width
-        start = jnp.minimum(first, s - width)
-        visible = jax.lax.dynamic_slice_in_dim(mask_bts, start, width, axis=2)
-        visible &= (start + jnp.arange(width) >= first)[None, None, :]
-        scores = jnp.einsum("bkrth,bkhs->bkrts", q_bkrth, read(k_full, start, True),
-                            preferred_element_type=jnp.float32)
-        scores = jnp.where(visible[:, None, None], scores * h**-0.5, _MASKED)
-        m_new = jnp.maximum(m, scores.max(-1))
-        p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
-        v = read(v_full, start, False)
-        pv = jnp.einsum("bkrts,bksh->bkrth", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return m_new, total * rescale + p.sum(-1), acc * rescale[..., None] + pv
-
     stats = jnp.full(q_bkrth.shape[:-1], _MASKED, jnp.float32)
-    init = (stats, jnp.zeros_like(stats), jnp.zeros(q_bkrth.shape, jnp.float32))
-    if width == s:
-        _, total, acc = body(0, init)
+    carry = (stats, jnp.zeros_like(stats), jnp.zeros(q_bkrth.shape, jnp.float32))
+    one = functools.partial(_online_block, q_bkrth)
+    if isinstance(k_full, tuple):  # per layer: (head,) or (head, tail)
+        (k_head, *k_tail), (v_head, *v_tail) = k_full[layer], v_full[layer]
+        offset = v_head.shape[2]
+        carry = one(carry, k_head, v_head, mask_bts[:, :, :offset])
+        if k_tail:
+            carry = _blocks(one, carry, k_tail[0], v_tail[0], mask_bts, offset, bound, block)
     else:
-        _, total, acc = jax.lax.fori_loop(0, (bound + width - 1) // width, body, init)
+        carry = _blocks(one, carry, k_full, v_full, mask_bts, 0, bound, block, layer=layer)
+    _, total, acc = carry
     out = (acc / total[..., None]).astype(q_btnh.dtype)  # [B, K, R, T, H]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _blocks(one, carry, k_bkhs, v_bksh, mask_bts, offset: int, bound, block: int, layer=None):
+    """`one` over the blocks of keys [B, K, H, S'] and values [B, K, S', H] (or of layer `layer` of stacked
+    [L, ...] ones) that hold cache slots [offset, offset + S') below `bound`, in a loop; the first block of a
+    whole cache (offset 0: always read) before it, at a static offset. Each block is one slice (of the
+    layer and the slots together)."""
+    s = v_bksh.shape[-2]
+    width = min(block, s)
+
+    def read(full, start, axis):
+        if layer is None:
+            return jax.lax.dynamic_slice_in_dim(full, start, width, axis=axis)
+        at, size = [layer] + [0] * (full.ndim - 1), list(full.shape)
+        at[axis + 1], size[0], size[axis + 1] = start, 1, width
+        return jax.lax.dynamic_slice(full, at, size)[0]
+
+    def body(j, carry):
+        first = j * width
+        start = jnp.minimum(first, s - width)
+        visible = jax.lax.dynamic_slice_in_dim(mask_bts, offset + start, width, axis=2)
+        visible &= (start + jnp.arange(width) >= first)[None, None, :]
+        return one(carry, read(k_bkhs, start, 3), read(v_bksh, start, 2), visible)
+
+    first = 0
+    if offset == 0:
+        carry, first = body(0, carry), 1
+    if width < s or first == 0:
+        carry = jax.lax.fori_loop(first, (bound - offset + width - 1) // width, body, carry)
+    return carry
+
+
+def _online_block(q_bkrth, carry, k_bkhs, v_bksh, visible_bts):
+    """The online softmax's update (`attend_cached`) with one block of keys and values."""
+    m, total, acc = carry  # [B, K, R, T], [B, K, R, T], [B, K, R, T, H]
+    h = q_bkrth.shape[-1]
+    scores = jnp.einsum("bkrth,bkhs->bkrts", q_bkrth, k_bkhs.astype(q_bkrth.dtype), preferred_element_type=jnp.float32)
+    scores = jnp.where(visible_bts[:, None, None], scores * h**-0.5, _MASKED)
+    m_new = jnp.maximum(m, scores.max(-1))
+    p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
+    v = v_bksh.astype(q_bkrth.dtype)
+    pv = jnp.einsum("bkrts,bksh->bkrth", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return m_new, total * rescale + p.sum(-1), acc * rescale[..., None] + pv
 
 
 # The projections' einsums for the two weight layouts. Stored (checkpoints, training): Hugging Face's

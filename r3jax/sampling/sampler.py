@@ -55,6 +55,13 @@ class SamplingConfig:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
 
 
+# Response slots in the head of each layer's cache in the decode loop (`cache.Cache`): the prompt and this many
+# response tokens are read where they are at every step; later tokens in blocks, each sliced out (copied) first.
+# Measured on the decode_step bench (filled 64, 32 rows): a step at a 4,096 budget took 2.38 ms with a head of
+# 256 response slots, 1.71 ms with 128, against 1.68 ms for a 128 budget (its whole cache one head).
+HEAD_RESPONSE_SLOTS = 128
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PromptCache:
@@ -216,8 +223,10 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCa
     """Every slot free and every row waiting: the first step's refill hands out the first B rows."""
     n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
     rows = p * cfg.num_samples
-    # per layer when the loop runs the layers unrolled: each layer reads its own buffers, no copy out of a stack
-    cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh, per_layer=cfg.unroll_layers)
+    # per layer when the loop runs the layers unrolled: each layer reads its own buffers, no copy out of a stack,
+    # and its head (the prompt and the first HEAD_RESPONSE_SLOTS response tokens) where it is
+    head = tp + HEAD_RESPONSE_SLOTS if cfg.unroll_layers else 0
+    cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh, per_layer=head)
     cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
     return SamplingState(
@@ -240,9 +249,11 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
     tp = prompts.mask.shape[1]
     cache = state.cache
     keys, values = prompts.k[:, prompt], prompts.v[:, prompt]  # [L, B, K, H, Tp], [L, B, K, Tp, H]
-    if cache.per_layer:
-        k = tuple(x.at[dest, :, :, :tp].set(keys[i], mode="drop") for i, x in enumerate(cache.k))
-        v = tuple(x.at[dest, :, :tp].set(values[i], mode="drop") for i, x in enumerate(cache.v))
+    if cache.per_layer:  # the prompt lies in each layer's head (`_init_state`)
+        k = tuple((head.at[dest, :, :, :tp].set(keys[i], mode="drop"), *tail)
+                  for i, (head, *tail) in enumerate(cache.k))
+        v = tuple((head.at[dest, :, :tp].set(values[i], mode="drop"), *tail)
+                  for i, (head, *tail) in enumerate(cache.v))
     else:
         k = cache.k.at[:, dest, :, :, :tp].set(keys, mode="drop")
         v = cache.v.at[:, dest, :, :tp].set(values, mode="drop")
@@ -260,7 +271,8 @@ def _narrow(state: SamplingState, width: int) -> SamplingState:
     """Keeps `width` slots, the busy ones first (all of them: the loop narrows only when that many are left)."""
     keep = jnp.argsort(state.free, stable=True)[:width]
     cache = state.cache
-    rows = (lambda x: tuple(a[keep] for a in x)) if cache.per_layer else (lambda x: x[:, keep])  # noqa: E731
+    rows = ((lambda x: tuple(tuple(part[keep] for part in layer) for layer in x)) if cache.per_layer  # noqa: E731
+            else (lambda x: x[:, keep]))
     cache = dataclasses.replace(cache, k=rows(cache.k), v=rows(cache.v), mask=cache.mask[keep],
                                 index=cache.index[keep])
     return dataclasses.replace(state, row=state.row[keep], length=state.length[keep], free=state.free[keep],
