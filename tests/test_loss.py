@@ -221,18 +221,24 @@ def test_micro_batch_grads_equal_full_batch_grads(model, rollout_batch, aggregat
         np.testing.assert_allclose(metrics[key], value, rtol=1e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_micro_batch_accumulation_is_not_a_mean_of_means(arrays, aggregation):
-    """Log-probs logp + θ·x with θ the parameters: 3 micro-batches of 2 rows with 11, 5 and 1 tokens (row 4
-    empty). Accumulation matches the full batch exactly; the mean of micro-batch losses would not."""
+def theta_loss(arrays, aggregation):
+    """(batch, loss_sums) of a loss whose log-probs are logp + θ₀·x + θ₁·x² with θ the parameters."""
     logp, old, adv, mask, _ = arrays
     logp = np.where(mask, logp, old)
     x = np.random.RandomState(2).normal(0, 1, logp.shape).astype(np.float32)
-    batch = dict(logp=logp, x=x, old=old, adv=adv, mask=mask)
 
     def loss_sums(theta, mb):
         return loss.policy_loss_sums(mb["logp"] + theta[0] * mb["x"] + theta[1] * mb["x"] ** 2, mb["old"],
                                      mb["adv"], mb["mask"], aggregation=aggregation)
+
+    return dict(logp=logp, x=x, old=old, adv=adv, mask=mask), loss_sums
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_micro_batch_accumulation_is_not_a_mean_of_means(arrays, aggregation):
+    """Log-probs logp + θ·x with θ the parameters: 3 micro-batches of 2 rows with 11, 5 and 1 tokens (row 4
+    empty). Accumulation matches the full batch exactly; the mean of micro-batch losses would not."""
+    batch, loss_sums = theta_loss(arrays, aggregation)
 
     def full_loss(theta, mb):
         (s, n), _ = loss_sums(theta, mb)
@@ -250,14 +256,7 @@ def test_micro_batch_accumulation_is_not_a_mean_of_means(arrays, aggregation):
 def test_segments_of_different_widths_accumulate_like_one_batch(arrays, aggregation):
     """`segment_grads`: rows 0-1 in one micro-batch, rows 2-5 with 3 more (masked) columns in two: the loss,
     gradients and token-weighted metrics of all six rows together."""
-    logp, old, adv, mask, _ = arrays
-    logp = np.where(mask, logp, old)
-    x = np.random.RandomState(2).normal(0, 1, logp.shape).astype(np.float32)
-    batch = dict(logp=logp, x=x, old=old, adv=adv, mask=mask)
-
-    def loss_sums(theta, mb):
-        return loss.policy_loss_sums(mb["logp"] + theta[0] * mb["x"] + theta[1] * mb["x"] ** 2, mb["old"],
-                                     mb["adv"], mb["mask"], aggregation=aggregation)
+    batch, loss_sums = theta_loss(arrays, aggregation)
 
     wider = {k: v[2:] if v.ndim == 1 else np.pad(v[2:], ((0, 0), (0, 3))) for k, v in batch.items()}
     theta = jnp.array([0.05, -0.02])
