@@ -48,16 +48,17 @@ def test_a_later_token_never_changes_an_earlier_output():
 @pytest.mark.parametrize("t, bound, block", [(1, 9, 4), (1, 13, 4), (3, 11, 4), (3, 11, 16), (1, 2, 4)])
 def test_blocked_cached_attention_equals_full_attention(t, bound, block, head):
     """Blocks of 4 over 13 slots: the last block is moved back to end at 13 and overlaps the one before; a
-    block of 16 holds the whole cache (read without the loop). Keys are stored [.., H, S], values [.., S, H];
-    per layer, as one part or as a head of 3 slots (read whole) and a tail of 10 (in blocks)."""
+    block of 16 holds the whole cache. Stacked [L, B, K, S, H]; or per layer (keys [.., H, S]), as one part or
+    as a head of 3 slots (read whole) and a tail of 10 (in blocks)."""
     rng = np.random.RandomState(t)
     b, n, k, s, h = 2, 4, 2, 13, 8
     q = jnp.asarray(rng.randn(b, t, n, h), jnp.float32)
     cache = jnp.asarray(rng.randn(2, 3, b, k, s, h), jnp.float32)  # (k, v) x [L=3, B, K, S, H]
-    kv = (cache[0].swapaxes(-1, -2), cache[1])
-    if head:
-        kv = (tuple((x[..., :head], x[..., head:])[:1 if head == s else 2] for x in kv[0]),
-              tuple((x[..., :head, :], x[..., head:, :])[:1 if head == s else 2] for x in kv[1]))
+    kv = (cache[0], cache[1])
+    if head:  # per layer, keys slots last
+        keys = cache[0].swapaxes(-1, -2)
+        kv = (tuple((x[..., :head], x[..., head:])[:1 if head == s else 2] for x in keys),
+              tuple((x[..., :head, :], x[..., head:, :])[:1 if head == s else 2] for x in cache[1]))
     mask = rng.rand(b, t, s) < 0.7
     mask[:, :, bound:] = False  # nothing at or past the bound is visible
     mask[:, :, 0] = True

@@ -280,3 +280,11 @@ def test_bad_inputs_are_named(checkpoint):
         generate(model, tokens, mask, jax.random.key(0), max_new_tokens=2, top_p=0.0)
     with pytest.raises(ValueError, match="slots must be >= 1, got 0"):
         generate(model, tokens, mask, jax.random.key(0), max_new_tokens=2, slots=0)
+
+
+def test_the_loop_narrows_only_when_slots_are_given():
+    """`loop_widths` (what `generate` runs and `memory_plan` compiles): without slots every row decodes at once
+    to the end; with them, the slots narrow by quarters (`slot_widths`)."""
+    assert sampler.loop_widths(64, None) == (64,)
+    assert sampler.loop_widths(64, 32) == sampler.slot_widths(32) == (32, 8, 2, 1)
+    assert sampler.loop_widths(8, 32) == (8, 2, 1)

@@ -16,16 +16,16 @@ from r3jax.model.config import ModelConfig
 class Cache:
     """Keys and values of every layer, plus which slots hold real tokens.
 
-    k:      [L, B, K, H, S] keys, slots last: a decode step's scores q·k are then a [R, H] x [H, S]
-            product per row and head, which XLA:CPU runs ~2.5x faster than [R, H] x [S, H]^T (measured at
-            64 rows, 192 slots: 0.15 vs 0.38 ms a layer)
-    v:      [L, B, K, S, H] values (heads before slots: each head's values one contiguous [S, H] block)
-            Or, per layer (`init_cache(per_layer=...)`, for decode loops that run the layers unrolled): k and
-            v are tuples over the L layers of their parts, each its own buffer: (head,) or (head, tail), the
-            head the first `per_layer` slots ([B, K, H, S0] keys, [B, K, S0, H] values), the tail the rest.
-            Every step reads the head where it is (out of a stacked cache, or a slice of a longer one, XLA
-            copies it out first, at every step: measured ~0.3 ms a layer at 64 rows, 192 slots), and only
-            the filled blocks of the tail.
+    k, v:   [L, B, K, S, H] (heads before slots: a step's attention reads each head's keys and values as one
+            contiguous [S, H] block, with no transpose of the cache)
+            Or, per layer (`init_cache(per_layer=...)`, for decode loops on a CPU that run the layers
+            unrolled): k and v are tuples over the L layers of their parts, each its own buffer: (head,) or
+            (head, tail), the head the first `per_layer` slots, the tail the rest; keys [B, K, H, S'] (slots
+            last: the scores are then a [R, H] x [H, S'] product per row and head, which XLA:CPU ran at 0.15
+            ms a layer against 0.38 for [R, H] x [S', H]^T at 64 rows, 192 slots), values [B, K, S', H].
+            Every step reads the head where it is (out of a stacked cache, or a slice of a longer one,
+            XLA:CPU copies it out first, at every step: ~0.3 ms a layer there) and only the filled blocks of
+            the tail.
     mask:   [B, S] bool, True where a slot holds a real (non-padding) token
     index:  [] int32, the next slot to write; every row writes at the same slot, so a left-padded
             prompt batch stays aligned and decoding writes one column per step. Or [B] int32: each row
@@ -64,7 +64,7 @@ def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float
         kv = [tuple(tuple(zeros("cache_bkhs", (batch, kh, h, s)) for s in lengths) for _ in range(n)),
               tuple(tuple(zeros("cache_bksh", (batch, kh, s, h)) for s in lengths) for _ in range(n))]
     else:
-        kv = [zeros("cache_lbkhs", (n, batch, kh, h, max_length)), zeros("cache_lbksh", (n, batch, kh, max_length, h))]
+        kv = [zeros("cache_lbksh", (n, batch, kh, max_length, h)) for _ in range(2)]
     mask_sharding = None if mesh is None else sharding.named(mesh, "cache_bs", (batch, max_length))
     mask = jnp.zeros((batch, max_length), bool)
     return Cache(
@@ -124,8 +124,8 @@ def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array
 
 def write_layer(kv: tuple, layer, k_btkh: jax.Array, v_btkh: jax.Array, index: jax.Array) -> tuple:
     """Writes one layer's new keys and values [B, T, K, H] at (layer, slot `index`) of the full cache
-    (k [L, B, K, H, S], v [L, B, K, S, H], or per-layer tuples with `layer` a Python int), in place, and
-    returns the full cache.
+    (k, v [L, B, K, S, H], or per-layer parts with `layer` a Python int: `Cache`), in place, and returns
+    the full cache.
 
     Updating the whole stacked cache (rather than scanning over per-layer slices and restacking)
     lets XLA write in place: decoding never copies the cache. A per-row index [B] is a scatter of B
@@ -135,7 +135,7 @@ def write_layer(kv: tuple, layer, k_btkh: jax.Array, v_btkh: jax.Array, index: j
         k_parts, v_parts, offset = [], [], 0
         rows_index = jnp.broadcast_to(jnp.asarray(index), k_btkh.shape[:1])
         for k, v in zip(kv[0][layer], kv[1][layer], strict=True):  # each part takes the slots it holds
-            k, v = _write((k, v), (), k_btkh, v_btkh, rows_index, offset)
+            k, v = _write((k, v), (), k_btkh, v_btkh, rows_index, offset, keys_last=True)
             k_parts.append(k)
             v_parts.append(v)
             offset += v.shape[2]
@@ -144,19 +144,23 @@ def write_layer(kv: tuple, layer, k_btkh: jax.Array, v_btkh: jax.Array, index: j
     return _write(kv, (layer,), k_btkh, v_btkh, index)
 
 
-def _write(kv, lead: tuple, k_btkh, v_btkh, index, offset: int = 0):
-    """`write_layer` into k [*lead, B, K, H, S] and v [*lead, B, K, S, H] at the leading indices `lead`; with
-    a per-row index, into the part of a cache that holds slots [offset, offset + S) (others are dropped)."""
+def _write(kv, lead: tuple, k_btkh, v_btkh, index, offset: int = 0, keys_last: bool = False):
+    """`write_layer` into k and v [*lead, B, K, S, H] (keys_last: k [*lead, B, K, H, S]) at the leading indices
+    `lead`; with a per-row index, into the part of a cache that holds slots [offset, offset + S) (other slots
+    are dropped)."""
+    k_order = (0, 2, 3, 1) if keys_last else (0, 2, 1, 3)  # [B, T, K, H] -> [B, K, H, T] or [B, K, T, H]
     if index.ndim == 0:
-        k_new = k_btkh.transpose(0, 2, 3, 1)[(None,) * len(lead)].astype(kv[0].dtype)  # [*, B, K, H, T]
-        v_new = v_btkh.swapaxes(1, 2)[(None,) * len(lead)].astype(kv[1].dtype)         # [*, B, K, T, H]
-        return (jax.lax.dynamic_update_slice(kv[0], k_new, (*lead, 0, 0, 0, index)),
+        k_new = k_btkh.transpose(k_order)[(None,) * len(lead)].astype(kv[0].dtype)
+        v_new = v_btkh.swapaxes(1, 2)[(None,) * len(lead)].astype(kv[1].dtype)  # [*, B, K, T, H]
+        k_at = (*lead, 0, 0, 0, index) if keys_last else (*lead, 0, 0, index, 0)
+        return (jax.lax.dynamic_update_slice(kv[0], k_new, k_at),
                 jax.lax.dynamic_update_slice(kv[1], v_new, (*lead, 0, 0, index, 0)))
     b, t = k_btkh.shape[:2]
     n = kv[1].shape[-2]
     slots = _query_slots(index, t) - offset
     rows, slots = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t)), jnp.where((slots >= 0) & (slots < n), slots, n)
     every = slice(None)
+    k_at = (*lead, rows, every, every, slots) if keys_last else (*lead, rows, every, slots, every)
     # Advanced indices split by slices: the update is laid out [B, T, K, H], as the new keys are.
-    return (kv[0].at[(*lead, rows, every, every, slots)].set(k_btkh.astype(kv[0].dtype), mode="drop"),
+    return (kv[0].at[k_at].set(k_btkh.astype(kv[0].dtype), mode="drop"),
             kv[1].at[(*lead, rows, every, slots, every)].set(v_btkh.astype(kv[1].dtype), mode="drop"))

@@ -180,11 +180,11 @@ class Qwen2(nnx.Module):
                      emit: bool = False):
         """Runs the L stacked layers with one `lax.scan`, so compile time does not grow with depth.
 
-        The full cache (`Cache`: k [L, B, K, H, S], v [L, B, K, S, H]) rides in the carry and each layer
-        writes its slab in place. Without a cache, prefix (k, v [L, Q, K, P, H]) gives each layer the keys and
-        values its tokens attend to first (row b those of prefix prefix_rows[b], gathered inside the layer: no
-        [L, B, ...] copy, nor its gradient, is ever formed), and emit returns every layer's own (k, v
-        [L, B, K, T, H]). Returns (x, kv, emitted or None)."""
+        The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place. Without a
+        cache, prefix (k, v [L, Q, K, P, H]) gives each layer the keys and values its tokens attend to first
+        (row b those of prefix prefix_rows[b], gathered inside the layer: no [L, B, ...] copy, nor its
+        gradient, is ever formed), and emit returns every layer's own (k, v [L, B, K, T, H]). Returns (x, kv,
+        emitted or None)."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, per_layer):

@@ -70,7 +70,6 @@ ACTIVATION_SPECS = {
     # batch-split activations except by replicating them ("Involuntary full rematerialization").
     "emb_lookup_vd": P("tensor", None),
     "cache_lbksh": P(None, BATCH, "tensor", None, None),
-    "cache_lbkhs": P(None, BATCH, "tensor", None, None),
     "cache_bksh": P(BATCH, "tensor", None, None),  # one layer's, in a per-layer cache (decode loops)
     "cache_bkhs": P(BATCH, "tensor", None, None),
     "cache_bs": P(BATCH, None),

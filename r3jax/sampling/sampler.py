@@ -60,6 +60,9 @@ class SamplingConfig:
 # Measured on the decode_step bench (filled 64, 32 rows): a step at a 4,096 budget took 2.38 ms with a head of
 # 256 response slots, 1.71 ms with 128, against 1.68 ms for a 128 budget (its whole cache one head).
 HEAD_RESPONSE_SLOTS = 128
+# Only on CPUs: XLA:CPU copies a slice out of a buffer before a matmul reads it, and per-layer buffers avoid
+# that. On TPU (v5e:4x8, the 1.5B plan of docs/memory_plans.jsonl) the per-layer cache made the sampler's
+# program 3.67 -> 4.81 GiB a chip and its code 49 -> 228 MB, for a copy that TPU fuses away anyway.
 
 
 @jax.tree_util.register_dataclass
@@ -67,7 +70,7 @@ HEAD_RESPONSE_SLOTS = 128
 class PromptCache:
     """Every prompt run once: its keys and values, which of its slots are real, its next-token logits."""
 
-    k: jax.Array       # [L, P, K, H, Tp] (`Cache`: keys slots last)
+    k: jax.Array       # [L, P, K, Tp, H]
     v: jax.Array       # [L, P, K, Tp, H]
     mask: jax.Array    # [P, Tp]
     logits: jax.Array  # [P, V]
@@ -140,11 +143,17 @@ def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: 
     if slots is not None and not 1 <= int(slots):
         raise ValueError(f"slots must be >= 1, got {slots}")
     mesh = nnx.merge(graphdef, params).mesh  # the mesh is static model metadata; merging copies nothing
-    widths = (rows,) if slots is None else slot_widths(min(int(slots), rows), _row_shards(mesh))
+    widths = loop_widths(rows, slots, mesh)
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = hosts.put_rows(prompt_tokens, batch), hosts.put_rows(prompt_mask, batch)
     return _generate(graphdef, cfg, widths, params, prompt_tokens, prompt_mask, key)
+
+
+def loop_widths(rows: int, slots: int | None, mesh=None) -> tuple[int, ...]:
+    """The slot counts `generate`'s loop decodes at: all `rows` at once (slots None: no refill, no narrowing),
+    or `slots` narrowing by quarters (`slot_widths`). What `memory_plan` compiles must be this very program."""
+    return (rows,) if slots is None else slot_widths(min(int(slots), rows), _row_shards(mesh))
 
 
 def slot_widths(slots: int, multiple: int = 1) -> tuple[int, ...]:
@@ -201,6 +210,12 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], params, pr
     return _finish(state, cfg, model.mesh), {"steps": state.step, "slot_steps": state.slot_steps}
 
 
+def _platform(model: Qwen2) -> str:
+    """The platform the sampler's program runs on: the mesh's devices (also when compiled ahead of time for a
+    TPU topology from a CPU host), else JAX's default backend."""
+    return model.mesh.devices.flat[0].platform if model.mesh is not None else jax.default_backend()
+
+
 def _keep_width(narrower: int, state: SamplingState) -> jax.Array:
     """The loop's condition at the current width; `narrower` is the next width (0: none)."""
     busy, waiting = jnp.sum(~state.free), state.next_row < state.tokens.shape[0]
@@ -223,9 +238,9 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCa
     """Every slot free and every row waiting: the first step's refill hands out the first B rows."""
     n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
     rows = p * cfg.num_samples
-    # per layer when the loop runs the layers unrolled: each layer reads its own buffers, no copy out of a stack,
-    # and its head (the prompt and the first HEAD_RESPONSE_SLOTS response tokens) where it is
-    head = tp + HEAD_RESPONSE_SLOTS if cfg.unroll_layers else 0
+    # per layer when the loop runs the layers unrolled on a CPU: each layer reads its own buffers, no copy out of
+    # a stack, and its head (the prompt and the first HEAD_RESPONSE_SLOTS response tokens) where it is
+    head = tp + HEAD_RESPONSE_SLOTS if cfg.unroll_layers and _platform(model) == "cpu" else 0
     cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh, per_layer=head)
     cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
@@ -248,14 +263,14 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
     prompt = jnp.where(take, new_row, 0) // cfg.num_samples
     tp = prompts.mask.shape[1]
     cache = state.cache
-    keys, values = prompts.k[:, prompt], prompts.v[:, prompt]  # [L, B, K, H, Tp], [L, B, K, Tp, H]
-    if cache.per_layer:  # the prompt lies in each layer's head (`_init_state`)
-        k = tuple((head.at[dest, :, :, :tp].set(keys[i], mode="drop"), *tail)
+    keys, values = prompts.k[:, prompt], prompts.v[:, prompt]  # [L, B, K, Tp, H] each
+    if cache.per_layer:  # the prompt lies in each layer's head (`_init_state`), keys slots last
+        k = tuple((head.at[dest, :, :, :tp].set(keys[i].swapaxes(-1, -2), mode="drop"), *tail)
                   for i, (head, *tail) in enumerate(cache.k))
         v = tuple((head.at[dest, :, :tp].set(values[i], mode="drop"), *tail)
                   for i, (head, *tail) in enumerate(cache.v))
     else:
-        k = cache.k.at[:, dest, :, :, :tp].set(keys, mode="drop")
+        k = cache.k.at[:, dest, :, :tp].set(keys, mode="drop")
         v = cache.v.at[:, dest, :, :tp].set(values, mode="drop")
     cache = dataclasses.replace(
         cache, k=k, v=v,

@@ -161,7 +161,7 @@ def compile_sampler(c, rl, model_cfg: rm.ModelConfig, graphdef, params, s: Shape
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype  # no array: there may be no backend to hold one
     key = jax.ShapeDtypeStruct((), key_dtype, sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
     rows = prompts * s.samples
-    widths = sampler.slot_widths(min(c.get("sampling_slots", 0) or rows, rows), sampler._row_shards(mesh))
+    widths = sampler.loop_widths(rows, c.get("sampling_slots", 0) or None, mesh)  # as `rollouts.sample` calls it
     return sampler._generate.lower(graphdef, cfg, widths, params, tokens, mask, key).compile()
 
 
