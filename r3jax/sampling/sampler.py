@@ -61,8 +61,8 @@ class SamplingConfig:
 # 256 response slots, 1.71 ms with 128, against 1.68 ms for a 128 budget (its whole cache one head).
 HEAD_RESPONSE_SLOTS = 128
 # Only on CPUs: XLA:CPU copies a slice out of a buffer before a matmul reads it, and per-layer buffers avoid
-# that. On TPU (v5e:4x8, the 1.5B plan of docs/memory_plans.jsonl) the per-layer cache made the sampler's
-# program 3.67 -> 4.81 GiB a chip and its code 49 -> 228 MB, for a copy that TPU fuses away anyway.
+# that. Elsewhere the cache stays stacked, the form docs/memory_plans.jsonl compiles for TPU (the per-layer
+# form's TPU memory and speed are not measured with the run's program).
 
 
 @jax.tree_util.register_dataclass
