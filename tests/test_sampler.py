@@ -201,16 +201,18 @@ def test_sharded_run_equals_single_device(checkpoint):
     np.testing.assert_allclose(np.asarray(a.entropies), np.asarray(b.entropies), atol=1e-5)
 
 
-@pytest.mark.parametrize("head_slots, budget", [(128, 11), (2, 12)], ids=["head_holds_all", "tail_after_2"])
-def test_scanned_and_unrolled_decoding_agree(checkpoint, monkeypatch, head_slots, budget):
+@pytest.mark.parametrize("head_slots, budget, slots", [(128, 11, 3), (2, 12, 3), (2, 13, None)],
+                         ids=["head_holds_all", "tail_after_2", "static_batch"])
+def test_scanned_and_unrolled_decoding_agree(checkpoint, monkeypatch, head_slots, budget, slots):
     """The unrolled loop's per-layer cache (a head of the prompt + `HEAD_RESPONSE_SLOTS`, then a tail read
-    in blocks of 4 here) against the scanned loop's stacked cache, also with rows refilled into 3 slots. (Each
-    case its own budget: a new shape, so a new trace that reads the patched constants.)"""
+    in blocks of 4 here) against the scanned loop's stacked cache, with rows refilled into 3 slots, and as one
+    static batch (the stacked cache then built from the prompts' before the loop: `_seat_all`). (Each case its
+    own budget: a new shape, so a new trace that reads the patched constants.)"""
     monkeypatch.setattr(sampler, "HEAD_RESPONSE_SLOTS", head_slots)
     monkeypatch.setattr(layers, "CACHE_BLOCK", 4)
     _, _, model = checkpoint
     tokens, mask = prompts()
-    kw = dict(max_new_tokens=budget, num_samples=2, eos_ids=(3,), slots=3)
+    kw = dict(max_new_tokens=budget, num_samples=2, eos_ids=(3,), slots=slots)
     a = generate(model, tokens, mask, jax.random.key(12), **kw)
     b = generate(rm.split_params(model), tokens, mask, jax.random.key(12), unroll_layers=False, **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))

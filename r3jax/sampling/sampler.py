@@ -202,7 +202,11 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], params, pr
     prompts = _prefill(model, prompt_tokens, prompt_mask)
     state = _init_state(model, cfg, widths[0], prompts, key)
     layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
-    step_fn = functools.partial(_decode_step, model, cfg, layers, prompts)
+    # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill
+    refills = widths != (prompt_tokens.shape[0] * cfg.num_samples,)
+    if not refills:
+        state = _refill(cfg, prompts, state) if state.cache.per_layer else _seat_all(cfg, prompts, state, model.mesh)
+    step_fn = functools.partial(_decode_step, model, cfg, layers, prompts, refills=refills)
     for narrower in (*widths[1:], 0):
         state = jax.lax.while_loop(functools.partial(_keep_width, narrower), step_fn, state)
         if narrower:
@@ -282,6 +286,25 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
         logits=state.logits.at[dest].set(prompts.logits[prompt], mode="drop"))
 
 
+def _seat_all(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState, mesh) -> SamplingState:
+    """`_refill` of an all-free stacked cache with every row (row r in slot r), its cache built from the prompts'
+    in one piece rather than written into zeros (the 1.5B sampler's TPU program, v5e:4x8: 6.0 -> 4.6 GiB a
+    chip; with the refill `cond` in every step, as for slots, 7.0)."""
+    g, rows, tp = cfg.num_samples, state.row.shape[0], prompts.mask.shape[1]
+    pad = state.cache.max_length - tp
+
+    def seated(x):  # [L, P, K, Tp, H] -> [L, P·G, K, S, H], placed as the cache
+        x = jnp.pad(jnp.repeat(x, g, axis=1), ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+        return x if mesh is None else sharding.constrain(x, "cache_lbksh", mesh)
+
+    cache = dataclasses.replace(state.cache, k=seated(prompts.k).astype(state.cache.k.dtype),
+                                v=seated(prompts.v).astype(state.cache.v.dtype),
+                                mask=jnp.pad(jnp.repeat(prompts.mask, g, axis=0), ((0, 0), (0, pad))))
+    return dataclasses.replace(state, next_row=jnp.asarray(rows, jnp.int32), row=jnp.arange(rows, dtype=jnp.int32),
+                               length=jnp.zeros_like(state.length), free=jnp.zeros_like(state.free), cache=cache,
+                               logits=jnp.repeat(prompts.logits, g, axis=0))
+
+
 def _narrow(state: SamplingState, width: int) -> SamplingState:
     """Keeps `width` slots, the busy ones first (all of them: the loop narrows only when that many are left)."""
     keep = jnp.argsort(state.free, stable=True)[:width]
@@ -294,12 +317,14 @@ def _narrow(state: SamplingState, width: int) -> SamplingState:
                                logits=state.logits[keep], cache=cache)
 
 
-def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache, state: SamplingState
-                 ) -> SamplingState:
-    """Refills free slots, draws each live slot's next token, records it, and runs it through the model."""
+def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache, state: SamplingState, *,
+                 refills: bool = True) -> SamplingState:
+    """Refills free slots (when `refills`), draws each live slot's next token, records it, and runs it through
+    the model."""
     rows, n, tp = state.tokens.shape[0], cfg.max_new_tokens, prompts.mask.shape[1]
-    refill = jnp.any(state.free) & (state.next_row < rows)
-    state = jax.lax.cond(refill, functools.partial(_refill, cfg, prompts), lambda s: s, state)
+    if refills:
+        refill = jnp.any(state.free) & (state.next_row < rows)
+        state = jax.lax.cond(refill, functools.partial(_refill, cfg, prompts), lambda s: s, state)
     live = ~state.free
     at = (jnp.where(live, state.row, rows), state.length)  # out of range for idle slots: their writes drop
     token, logprob, entropy = distributions.sample(
