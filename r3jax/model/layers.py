@@ -103,8 +103,7 @@ def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None) 
 def _blocks(one, carry, keys, v_bksh, mask_bts, offset: int, bound, block: int, *, key_slots: int, layer=None):
     """`one` over the blocks of keys (slots on axis `key_slots`) and values [B, K, S', H] (or of layer `layer`
     of stacked [L, ...] ones) that hold cache slots [offset, offset + S') below `bound`, in a loop. Each block
-    is one slice (of the layer and the slots together). (Reading the first block before the loop, at a static
-    offset, made the 1.5B sampler's TPU program 3.67 -> 12.4 GiB a chip: not done.)"""
+    is one slice (of the layer and the slots together)."""
     s = v_bksh.shape[-2]
     width = min(block, s)
 

@@ -239,7 +239,8 @@ def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
 
 
 def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCache, key) -> SamplingState:
-    """Every slot free and every row waiting: the first step's refill hands out the first B rows."""
+    """Every slot free and every row waiting: the first refill (before the loop for one static batch, else
+    in the first step) hands out the first B rows."""
     n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
     rows = p * cfg.num_samples
     # per layer when the loop runs the layers unrolled on a CPU: each layer reads its own buffers, no copy out of
