@@ -106,3 +106,36 @@ def test_remat_changes_nothing_numerically(hf_checkpoint):
 
     for a, b in zip(jax.tree.leaves(loss_grad(plain)), jax.tree.leaves(loss_grad(remat)), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["untied_gqa_1e4_2l", "tied_mqa_1e6_1l"])
+def test_fp32_gradients_match_transformers(hf_checkpoint, tmp_path, name):
+    """d(sum of the real tokens' next-token log-probs) / d(every weight) = torch's backward through
+    `Qwen2ForCausalLM`. The gradients are written as a checkpoint (`save_pretrained`) to compare them by name."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from safetensors.numpy import load_file
+
+    folder, hf = hf_checkpoint(**CASES[name])
+    model, config = rm.load_pretrained(folder)
+    tokens, mask = padded_batch(config.vocab_size, seed=2)
+    counted = mask[:, :-1] & mask[:, 1:]  # a real token predicting the real token after it
+
+    graphdef, params = rm.split_params(model)
+
+    def loglik(params):
+        logp = jax.nn.log_softmax(rm.merge_params(graphdef, params)(tokens, attention_mask=mask)[:, :-1], -1)
+        return jnp.sum(jnp.where(counted, jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0], 0.0))
+
+    grads = jax.jit(jax.grad(loglik))(params)
+    rm.save_pretrained(rm.merge_params(graphdef, grads), tmp_path / "grads")
+    ours = load_file(str(tmp_path / "grads" / "model.safetensors"))
+
+    logits = hf(torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64))).logits[:, :-1]
+    logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens[:, 1:, None])).squeeze(-1)
+    (logp * torch.tensor(counted)).sum().backward()
+    theirs = {n: p.grad.numpy() for n, p in hf.named_parameters()}
+    assert set(ours) == set(theirs) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    for n, g in ours.items():
+        np.testing.assert_allclose(g, theirs[n], atol=2e-4, rtol=1e-3, err_msg=n)
