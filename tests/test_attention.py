@@ -1,4 +1,4 @@
-"""`layers.attend`'s hand-written gradient equals differentiating the softmax-attention formula."""
+"""`attention.attend`'s hand-written gradient equals differentiating the softmax-attention formula."""
 
 import functools
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from r3jax.model import layers
+from r3jax.model import attention
 
 
 def formula(q_btnh, k_bksh, v_bksh, mask_bts):
@@ -17,7 +17,7 @@ def formula(q_btnh, k_bksh, v_bksh, mask_bts):
     k = jnp.repeat(k_bksh, n // kh, axis=1)  # query head j reads KV head j // (N / K)
     v = jnp.repeat(v_bksh, n // kh, axis=1)
     scores = jnp.einsum("btnh,bnsh->bnts", q_btnh, k) / np.sqrt(h)
-    scores = jnp.where(mask_bts[:, None], scores, layers._MASKED)
+    scores = jnp.where(mask_bts[:, None], scores, attention._MASKED)
     return jnp.einsum("bnts,bnsh->btnh", jax.nn.softmax(scores, axis=-1), v)
 
 
@@ -41,7 +41,7 @@ def test_values_and_gradients_equal_the_formula(query_block):
     """Every query, also one with no visible key, and every q, k, v entry (KV heads shared by two query heads);
     the 5 queries in one block, or in blocks of 2 (the last one padded)."""
     q, k, v, mask, cotangent = inputs()
-    attend = functools.partial(layers.attend, query_block=query_block)
+    attend = functools.partial(attention.attend, query_block=query_block)
     out, grads = jax.jit(vjp, static_argnums=0)(attend, q, k, v, mask, cotangent)
     ref_out, ref_grads = vjp(formula, q, k, v, mask, cotangent)
     np.testing.assert_allclose(out, ref_out, atol=1e-6)
@@ -52,7 +52,7 @@ def test_values_and_gradients_equal_the_formula(query_block):
 def test_gradients_keep_the_inputs_dtype():
     """bf16 in, bf16 gradients out, close to the fp32 formula's (in blocks of 2 queries)."""
     q, k, v, mask, cotangent = inputs(jnp.bfloat16, seed=1)
-    _, grads = vjp(functools.partial(layers.attend, query_block=2), q, k, v, mask, cotangent)
+    _, grads = vjp(functools.partial(attention.attend, query_block=2), q, k, v, mask, cotangent)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     _, ref_grads = vjp(formula, *f32, mask, cotangent.astype(jnp.float32))
     for name, g, ref in zip("qkv", grads, ref_grads, strict=True):

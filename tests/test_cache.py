@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from r3jax import model as rm
-from r3jax.model import layers
+from r3jax.model import attention
 
 
 def test_prefill_then_decode_equals_full_forward():
@@ -62,11 +62,11 @@ def test_blocked_cached_attention_equals_full_attention(t, bound, block, head):
     mask = rng.rand(b, t, s) < 0.7
     mask[:, :, bound:] = False  # nothing at or past the bound is visible
     mask[:, :, 0] = True
-    full = layers.attend(q, cache[0, 1], cache[1, 1], jnp.asarray(mask))
-    blocked = layers.attend_cached(q, kv, 1, jnp.asarray(mask), jnp.int32(bound), block=block)
+    full = attention.attend(q, cache[0, 1], cache[1, 1], jnp.asarray(mask))
+    blocked = attention.attend_cached(q, kv, 1, jnp.asarray(mask), jnp.int32(bound), block=block)
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(full), atol=1e-6)
     # Reading blocks that hold nothing visible changes no bit.
-    further = layers.attend_cached(q, kv, 1, jnp.asarray(mask), jnp.int32(s), block=block)
+    further = attention.attend_cached(q, kv, 1, jnp.asarray(mask), jnp.int32(s), block=block)
     np.testing.assert_array_equal(np.asarray(further), np.asarray(blocked))
 
 

@@ -6,7 +6,7 @@ import pytest
 from conftest import write_hf_checkpoint
 
 from r3jax import model as rm
-from r3jax.model import layers, sharding
+from r3jax.model import attention, sharding
 from r3jax.sampling import generate, sampler
 
 VOCAB = 128
@@ -209,7 +209,7 @@ def test_scanned_and_unrolled_decoding_agree(checkpoint, monkeypatch, head_slots
     static batch (the stacked cache then built from the prompts' before the loop: `_seat_all`). (Each case its
     own budget: a new shape, so a new trace that reads the patched constants.)"""
     monkeypatch.setattr(sampler, "HEAD_RESPONSE_SLOTS", head_slots)
-    monkeypatch.setattr(layers, "CACHE_BLOCK", 4)
+    monkeypatch.setattr(attention, "CACHE_BLOCK", 4)
     _, _, model = checkpoint
     tokens, mask = prompts()
     kw = dict(max_new_tokens=budget, num_samples=2, eos_ids=(3,), slots=slots)

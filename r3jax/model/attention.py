@@ -1,0 +1,188 @@
+"""Softmax attention with grouped KV heads: `attend` for training and prefill (queries in blocks, its
+gradient written out), `attend_cached` for decoding (cache slots in blocks, an online softmax)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+# A large finite negative instead of -inf: a query row with no visible key (left padding) then gets
+# a uniform softmax instead of NaN, and NaN never leaks into gradients.
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Cache slots a cached attention reads per block (`attend_cached`): decoding pays for ceil(filled / 256)
+# blocks. Small enough that a short response reads little of a long budget, large enough that the loop over
+# blocks costs little per step.
+CACHE_BLOCK = 256
+# Queries a training attention (`attend`) takes at a time: its [T, S] scores, probabilities and their
+# gradients exist for one block of queries at once. At the 1.5B model's 9,216 positions a whole [T, S] fp32
+# block is 1.9 GiB a chip (v5e:4x8); shorter sequences run in one block, with no loop.
+QUERY_BLOCK = 1024
+
+
+
+def attend(q_btnh, k_bksh, v_bksh, mask_bts, query_block: int | None = None) -> jax.Array:
+    """Softmax attention with K KV heads shared by groups of R = N / K query heads (fp32 scores).
+
+    Its gradient is written out (`_softmax_attention`): the same values as differentiating the formula, in
+    fewer passes over the [T, S] scores. Queries are taken `query_block` at a time (default `QUERY_BLOCK`),
+    so no [T, S] temporary is ever larger than [query_block, S], forward or backward."""
+    b, t, n, h = q_btnh.shape
+    k = k_bksh.shape[1]
+    q_bkrth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+    out = _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, query_block or QUERY_BLOCK)  # [B, K, R, T, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _scores(q_bkrth, k_bksh, mask_bts):
+    """Scaled fp32 scores [B, K, R, T, S], masked keys at _MASKED."""
+    scores = jnp.einsum("bkrth,bksh->bkrts", q_bkrth, k_bksh, preferred_element_type=jnp.float32)
+    return jnp.where(mask_bts[:, None, None], scores * q_bkrth.shape[-1] ** -0.5, _MASKED)
+
+
+def _query_blocks(x, axis: int, block: int):
+    """x with its query axis cut into [n, block] (zero-padded at the end), the n blocks leading."""
+    t = x.shape[axis]
+    n = -(-t // block)
+    x = jnp.pad(x, [(0, n * block - t) if a == axis else (0, 0) for a in range(x.ndim)])
+    return jnp.moveaxis(x.reshape(*x.shape[:axis], n, block, *x.shape[axis + 1:]), axis, 0)
+
+
+def _join_blocks(x, axis: int, t: int):
+    """Inverse of `_query_blocks`: the blocks back on `axis`, the first t queries."""
+    x = jnp.moveaxis(x, 0, axis)
+    return jax.lax.slice_in_dim(x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]), 0, t, axis=axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, block: int):
+    """softmax(scores) @ v, normalised after the product: out = (exp(scores - m) @ v) / l with the row max m
+    and sum l. A query with no visible key gets the uniform softmax (every score is _MASKED)."""
+    return _softmax_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bts, block)[0]
+
+
+def _forward_block(q_bkrth, k_bksh, v_bksh, mask_bts):
+    scores = _scores(q_bkrth, k_bksh, mask_bts)
+    m = scores.max(-1, keepdims=True)
+    e = jnp.exp(scores - m)
+    inv_l = 1.0 / e.sum(-1, keepdims=True)
+    pv = jnp.einsum("bkrts,bksh->bkrth", e.astype(v_bksh.dtype), v_bksh, preferred_element_type=jnp.float32)
+    return (pv * inv_l).astype(v_bksh.dtype), m, inv_l
+
+
+def _softmax_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bts, block: int):
+    t = q_bkrth.shape[3]
+    if t <= block:
+        out, m, inv_l = _forward_block(q_bkrth, k_bksh, v_bksh, mask_bts)
+    else:  # padded queries see no key; their rows are cut off again
+        blocks = jax.lax.map(lambda x: _forward_block(x[0], k_bksh, v_bksh, x[1]),
+                             (_query_blocks(q_bkrth, 3, block), _query_blocks(mask_bts, 1, block)))
+        out, m, inv_l = (_join_blocks(x, 3, t) for x in blocks)
+    return out, (q_bkrth, k_bksh, v_bksh, mask_bts, out, m, inv_l)
+
+
+def _backward_block(q, k, v, mask, out, m, inv_l, g_bkrth):
+    """One block of queries' share of the gradient, the scores recomputed from q and k rather than stored:
+    p = exp(scores - m) / l, dscores = p * (g @ v^T - sum(g * out)), then the three products (fp32 dk, dv)."""
+    acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)  # fp32 sums of products
+    p = jnp.exp(_scores(q, k, mask) - m) * inv_l
+    dv = acc32("bkrts,bkrth->bksh", p.astype(v.dtype), g_bkrth)
+    dp = jnp.einsum("bkrth,bksh->bkrts", g_bkrth, v)  # [T, S] in the operands' dtype, as autodiff's would be
+    row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
+    ds = jnp.where(mask[:, None, None], p * (dp - row) * q.shape[-1] ** -0.5, 0.0).astype(q.dtype)
+    return acc32("bkrts,bksh->bkrth", ds, k).astype(q.dtype), acc32("bkrts,bkrth->bksh", ds, q), dv
+
+
+def _softmax_attention_bwd(block: int, residuals, g_bkrth):
+    q, k, v, mask, out, m, inv_l = residuals
+    t = q.shape[3]
+    if t <= block:
+        dq, dk, dv = _backward_block(q, k, v, mask, out, m, inv_l, g_bkrth)
+    else:  # dk and dv add up over the blocks of queries
+        def one(carry, x):
+            q_c, mask_c, out_c, m_c, inv_l_c, g_c = x
+            dq_c, dk_c, dv_c = _backward_block(q_c, k, v, mask_c, out_c, m_c, inv_l_c, g_c)
+            return (carry[0] + dk_c, carry[1] + dv_c), dq_c
+
+        zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+        blocks = tuple(_query_blocks(x, 1 if x is mask else 3, block) for x in (q, mask, out, m, inv_l, g_bkrth))
+        (dk, dv), dq = jax.lax.scan(one, zeros, blocks)
+        dq = _join_blocks(dq, 3, t)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
+
+
+def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None) -> jax.Array:
+    """`attend` of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H], or per layer, in parts
+    with keys [B, K, H, S']: `cache.Cache`), reading only the slots below `bound` ([] int32), `block` slots
+    at a time (default `CACHE_BLOCK`).
+
+    A decode step then costs what the cache holds, not what it could hold: at token 100 of an 8K budget it
+    reads one block, not 8K slots. The blocks are combined by the online softmax (a running max m, sum l
+    and unnormalised output per query): after block j, out = acc / l with acc = sum_s exp(score_s - m) v_s,
+    rescaled by exp(m_old - m_new) whenever the max grows. A block that is all masked adds exp(-huge) = 0
+    exactly, so reading further than needed never changes a value. The last block is moved back to end
+    at S; the slots it shares with the block before are masked out of it. A per-layer cache's head is read
+    whole, where it is, and its tail in blocks.
+    """
+    k_full, v_full = kv
+    block = block or CACHE_BLOCK
+    t, n, h = q_btnh.shape[1], q_btnh.shape[2], q_btnh.shape[3]
+    b, kh = mask_bts.shape[0], (v_full[layer][0] if isinstance(v_full, tuple) else v_full).shape[-3]
+    q_bkrth = q_btnh.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
+    stats = jnp.full(q_bkrth.shape[:-1], _MASKED, jnp.float32)
+    carry = (stats, jnp.zeros_like(stats), jnp.zeros(q_bkrth.shape, jnp.float32))
+    if isinstance(k_full, tuple):  # per layer: (head,) or (head, tail), keys [B, K, H, S']
+        one = functools.partial(_online_block, q_bkrth, "bkrth,bkhs->bkrts")
+        (k_head, *k_tail), (v_head, *v_tail) = k_full[layer], v_full[layer]
+        offset = v_head.shape[2]
+        carry = one(carry, k_head, v_head, mask_bts[:, :, :offset])
+        if k_tail:
+            carry = _blocks(one, carry, k_tail[0], v_tail[0], mask_bts, offset, bound, block, key_slots=3)
+    else:
+        one = functools.partial(_online_block, q_bkrth, "bkrth,bksh->bkrts")
+        carry = _blocks(one, carry, k_full, v_full, mask_bts, 0, bound, block, layer=layer, key_slots=2)
+    _, total, acc = carry
+    out = (acc / total[..., None]).astype(q_btnh.dtype)  # [B, K, R, T, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _blocks(one, carry, keys, v_bksh, mask_bts, offset: int, bound, block: int, *, key_slots: int, layer=None):
+    """`one` over the blocks of keys (slots on axis `key_slots`) and values [B, K, S', H] (or of layer `layer`
+    of stacked [L, ...] ones) that hold cache slots [offset, offset + S') below `bound`, in a loop. Each block
+    is one slice (of the layer and the slots together)."""
+    s = v_bksh.shape[-2]
+    width = min(block, s)
+
+    def read(full, start, axis):
+        if layer is None:
+            return jax.lax.dynamic_slice_in_dim(full, start, width, axis=axis)
+        at, size = [layer] + [0] * (full.ndim - 1), list(full.shape)
+        at[axis + 1], size[0], size[axis + 1] = start, 1, width
+        return jax.lax.dynamic_slice(full, at, size)[0]
+
+    def body(j, carry):
+        first = j * width
+        start = jnp.minimum(first, s - width)
+        visible = jax.lax.dynamic_slice_in_dim(mask_bts, offset + start, width, axis=2)
+        visible &= (start + jnp.arange(width) >= first)[None, None, :]
+        return one(carry, read(keys, start, key_slots), read(v_bksh, start, 2), visible)
+
+    return jax.lax.fori_loop(0, (bound - offset + width - 1) // width, body, carry)
+
+
+def _online_block(q_bkrth, equation: str, carry, keys, v_bksh, visible_bts):
+    """The online softmax's update (`attend_cached`) with one block of keys (in the layout `equation` reads)
+    and values."""
+    m, total, acc = carry  # [B, K, R, T], [B, K, R, T], [B, K, R, T, H]
+    h = q_bkrth.shape[-1]
+    scores = jnp.einsum(equation, q_bkrth, keys.astype(q_bkrth.dtype), preferred_element_type=jnp.float32)
+    scores = jnp.where(visible_bts[:, None, None], scores * h**-0.5, _MASKED)
+    m_new = jnp.maximum(m, scores.max(-1))
+    p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
+    v = v_bksh.astype(q_bkrth.dtype)
+    pv = jnp.einsum("bkrts,bksh->bkrth", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return m_new, total * rescale + p.sum(-1), acc * rescale[..., None] + pv
