@@ -108,6 +108,32 @@ def test_remat_changes_nothing_numerically(hf_checkpoint):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_query_blocks_change_nothing_numerically(hf_checkpoint):
+    """11 positions in blocks of 3 queries (the last one padded) = in one block: logits and every gradient."""
+    import jax
+
+    folder, _ = hf_checkpoint()
+    whole, _ = rm.load_pretrained(folder)
+    blocks, _ = rm.load_pretrained(folder, query_block=3, remat="dots")
+    tokens, mask = padded_batch(128, seed=6)
+
+    def logits_and_grad(model):
+        graphdef, params = rm.split_params(model)
+        loss = lambda p: rm.merge_params(graphdef, p)(tokens, attention_mask=mask).std()  # noqa: E731
+        return np.asarray(model(tokens, attention_mask=mask)), jax.grad(loss)(params)
+
+    def scans(model):  # the blocks are a loop of their own in the program
+        graphdef, params = rm.split_params(model)
+        return str(jax.make_jaxpr(lambda p: rm.merge_params(graphdef, p)(tokens, attention_mask=mask))(params)).count(
+            "scan[")
+
+    assert scans(blocks) > scans(whole)
+    (a, grads_a), (b, grads_b) = logits_and_grad(whole), logits_and_grad(blocks)
+    np.testing.assert_allclose(a, b, atol=1e-6)
+    for x, y in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["untied_gqa_1e4_2l", "tied_mqa_1e6_1l"])
 def test_fp32_gradients_match_transformers(hf_checkpoint, tmp_path, name):
     """d(sum of the real tokens' next-token log-probs) / d(every weight) = torch's backward through

@@ -49,6 +49,12 @@ def test_bad_values_name_their_field():
     c.rl.eps_low = 2.0
     with pytest.raises(run_config.ConfigError, match="eps_low"):
         run_config.rl_config(c, valid_vocab=263)
+    for field, value, message in (("query_block", 0, "model.query_block must be a positive integer"),
+                                  ("remat", "some", "model.remat must be one of")):
+        c = tiny()
+        c.model[field] = value
+        with pytest.raises(run_config.ConfigError, match=message):
+            run_config.check_values(c)
 
 
 def test_shape_fields_are_reported_and_others_are_not():

@@ -75,7 +75,7 @@ def project(x_bt_, equation: str, w):
 class Attention(nnx.Module):
     """Grouped-query self-attention with q/k/v biases and no output bias."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs, query_block: int | None = None):
         d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         # Weights are stored in Hugging Face's [out, in] order; decode loops use a transposed copy (EQUATIONS).
         self.q_proj = nnx.Param(_init(rngs, (n, h, d), param_dtype))
@@ -87,6 +87,7 @@ class Attention(nnx.Module):
         self.o_proj = nnx.Param(_init(rngs, (d, n, h), param_dtype))
         self.dtype = dtype
         self.mesh = mesh
+        self.query_block = query_block
 
     def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False,
                  prefix=None):
@@ -114,7 +115,7 @@ class Attention(nnx.Module):
         if kv is None:
             kv = k.swapaxes(1, 2), v.swapaxes(1, 2)  # keys [B, K, T, H]
             keys, values = kv if prefix is None else [jnp.concatenate(x, axis=2) for x in zip(prefix, kv, strict=True)]
-            out = attend(q, keys, values, mask_bts)
+            out = attend(q, keys, values, mask_bts, self.query_block)
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
             out = attend_cached(q, kv, layer, mask_bts, bound)
@@ -147,10 +148,10 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs, query_block: int | None = None):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
-        self.self_attn = Attention(cfg, mesh=mesh, rngs=rngs, **kw)
+        self.self_attn = Attention(cfg, mesh=mesh, rngs=rngs, query_block=query_block, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
         self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
         self.mesh = mesh

@@ -31,13 +31,17 @@ class Qwen2(nnx.Module):
     param_dtype: dtype the weights are stored in. dtype: dtype of the computation (weights are cast
     per use; norms, softmax and the head's accumulation stay fp32). remat: per-layer
     rematerialisation, one of REMAT_POLICIES. mesh: when set, activations are pinned to their
-    `sharding.ACTIVATION_SPECS` entries on it.
+    `sharding.ACTIVATION_SPECS` entries on it. query_block: queries an attention takes at a time
+    (default `attention.QUERY_BLOCK`): the largest [T, S] temporary is [query_block, S].
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32, dtype=jnp.float32,
-                 remat: str = "none", mesh=None):
+                 remat: str = "none", mesh=None, query_block: int | None = None):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+        if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
+                                        or query_block < 1):
+            raise ValueError(f"query_block must be a positive int (queries per attention block), got {query_block!r}")
         param_dtype, dtype = jnp.dtype(param_dtype), jnp.dtype(dtype)
         self.config = config
         self.dtype = dtype
@@ -45,7 +49,7 @@ class Qwen2(nnx.Module):
         self.mesh = mesh
         v, d = config.vocab_size, config.hidden_size
         self.embed_tokens = nnx.Param(_init(rngs, (v, d), param_dtype))
-        kw = dict(param_dtype=param_dtype, dtype=dtype, mesh=mesh)
+        kw = dict(param_dtype=param_dtype, dtype=dtype, mesh=mesh, query_block=query_block)
 
         @nnx.split_rngs(splits=config.num_hidden_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)

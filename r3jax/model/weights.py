@@ -139,7 +139,8 @@ def _open(file: str):
 # --- loading -------------------------------------------------------------------------------------
 
 def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None, mesh=None,
-                    sharding_mode: str = "train", remat: str = "none", revision: str | None = None):
+                    sharding_mode: str = "train", remat: str = "none", revision: str | None = None,
+                    query_block: int | None = None):
     """Loads a Hugging Face Qwen2 folder (or hub id) into an r3jax model. Returns (model, config).
 
     dtype: parameter dtype; compute_dtype: activation dtype (default: dtype). With a mesh, every
@@ -151,7 +152,8 @@ def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype
     folder = resolve_folder(path, revision)
     config = ModelConfig.from_json_file(os.path.join(folder, "config.json"))
     dtype = jnp.dtype(dtype)
-    model_kw = dict(param_dtype=dtype, dtype=jnp.dtype(compute_dtype or dtype), remat=remat, mesh=mesh)
+    model_kw = dict(param_dtype=dtype, dtype=jnp.dtype(compute_dtype or dtype), remat=remat, mesh=mesh,
+                    query_block=query_block)
     graphdef, abstract = qwen2.split_params(qwen2.abstract_model(config, **model_kw))
     expected = _expected_tensors(config, abstract)
     files = _tensor_files(folder)

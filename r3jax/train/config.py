@@ -18,6 +18,7 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from r3jax.model.qwen2 import REMAT_POLICIES
 from r3jax.rl import algorithm
 
 # RLConfig fields that come from top-level fields (one source of truth), not from `rl`.
@@ -64,7 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
         # per layer: keep the projections' outputs, recompute attention and elementwise work in the backward
         # (the [B, N, T, T] scores are never stored: about a third of the temp memory, and on this CPU half
         # the train step, page faults included: BENCHMARKS.md); "none" stores everything, "full" only inputs
-        remat="dots"))
+        remat="dots",
+        # queries an attention takes at a time in training and prefill: its [T, S] scores and their gradients
+        # exist for one block of queries at once (the 1.5B plan on v5e-32: 7.0 GiB in one block, 4.8 in 1024s)
+        query_block=1024))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
         eval=ml_collections.ConfigDict(), eval_limit=config_dict.placeholder(int)))
@@ -184,7 +188,8 @@ def tokenizer_path(c: ml_collections.ConfigDict) -> str | None:
 
 def check_values(c: ml_collections.ConfigDict) -> None:
     """Settings that are wrong on their own (before any file is read)."""
-    positive = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "steps", "keep_checkpoints")
+    positive = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "steps", "keep_checkpoints",
+                "model.query_block")
     for name in positive:
         if not isinstance(get(c, name), int) or get(c, name) < 1:
             raise ConfigError(f"config field {name} must be a positive integer, got {get(c, name)!r}")
@@ -197,6 +202,8 @@ def check_values(c: ml_collections.ConfigDict) -> None:
                           f"got {c.temperature}")
     if not 0 < c.top_p <= 1:
         raise ConfigError(f"config field top_p must be in (0, 1], got {c.top_p}")
+    if c.model.remat not in REMAT_POLICIES:
+        raise ConfigError(f"config field model.remat must be one of {sorted(REMAT_POLICIES)}, got {c.model.remat!r}")
     if c.model.path is None and c.model.init is None:
         raise ConfigError("config field model.path is not set (a Hugging Face folder), nor model.init (a preset)")
     if c.data.train is None:

@@ -112,7 +112,7 @@ def abstract_model(c, model_cfg: rm.ModelConfig, mesh):
     """(graphdef, params as sharded ShapeDtypeStructs) of the policy, with the run's dtypes and remat."""
     compute = jnp.dtype(c.model.compute_dtype or c.model.dtype)
     model = rm.abstract_model(model_cfg, param_dtype=jnp.dtype(c.model.dtype), dtype=compute, remat=c.model.remat,
-                              mesh=mesh)
+                              mesh=mesh, query_block=c.model.query_block)
     graphdef, params = rm.split_params(model)
     return graphdef, _abstract(params, sharding.param_shardings(params, mesh, "train"))
 
@@ -247,7 +247,8 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
     mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, devices=devs)
     s = shapes(c, rl, prompt_tokens=prompt_tokens, num_questions=num_questions)
     graphdef, params = abstract_model(c, model_cfg, mesh)
-    settings = {"remat": c.model.remat, "num_micro_batches": rl.num_micro_batches, "chunk_size": rl.chunk_size,
+    settings = {"remat": c.model.remat, "query_block": c.model.query_block,
+                "num_micro_batches": rl.num_micro_batches, "chunk_size": rl.chunk_size,
                 "sampling_chunk": c.sampling_chunk, "sampling_slots": c.get("sampling_slots", 0),
                 "param_dtype": c.model.dtype,
                 "compute_dtype": c.model.compute_dtype or c.model.dtype, **dataclasses.asdict(s)}
