@@ -28,16 +28,26 @@ def attend(q_btnh, k_bksh, v_bksh, mask_bts, query_block: int | None = None) -> 
     Its gradient is written out (`_softmax_attention`): the same values as differentiating the formula, in
     fewer passes over the [T, S] scores. Queries are taken `query_block` at a time (default `QUERY_BLOCK`),
     so no [T, S] temporary is ever larger than [query_block, S], forward or backward."""
+    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
+    out = _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, query_block or QUERY_BLOCK)
+    return _ungroup_heads(out)
+
+
+def _group_heads(q_btnh, kv_heads: int):
+    """[B, T, N, H] -> [B, K, R, T, H]: the R = N / K query heads that share each KV head together."""
     b, t, n, h = q_btnh.shape
-    k = k_bksh.shape[1]
-    q_bkrth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
-    out = _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, query_block or QUERY_BLOCK)  # [B, K, R, T, H]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    return q_btnh.reshape(b, t, kv_heads, n // kv_heads, h).transpose(0, 2, 3, 1, 4)
 
 
-def _scores(q_bkrth, k_bksh, mask_bts):
-    """Scaled fp32 scores [B, K, R, T, S], masked keys at _MASKED."""
-    scores = jnp.einsum("bkrth,bksh->bkrts", q_bkrth, k_bksh, preferred_element_type=jnp.float32)
+def _ungroup_heads(out_bkrth):
+    """Inverse of `_group_heads`."""
+    b, k, r, t, h = out_bkrth.shape
+    return out_bkrth.transpose(0, 3, 1, 2, 4).reshape(b, t, k * r, h)
+
+
+def _scores(q_bkrth, keys, mask_bts, equation: str = "bkrth,bksh->bkrts"):
+    """Scaled fp32 scores [B, K, R, T, S] of the keys (in the layout `equation` reads), masked keys at _MASKED."""
+    scores = jnp.einsum(equation, q_bkrth, keys, preferred_element_type=jnp.float32)
     return jnp.where(mask_bts[:, None, None], scores * q_bkrth.shape[-1] ** -0.5, _MASKED)
 
 
@@ -130,9 +140,7 @@ def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None) 
     """
     k_full, v_full = kv
     block = block or CACHE_BLOCK
-    t, n, h = q_btnh.shape[1], q_btnh.shape[2], q_btnh.shape[3]
-    b, kh = mask_bts.shape[0], (v_full[layer][0] if isinstance(v_full, tuple) else v_full).shape[-3]
-    q_bkrth = q_btnh.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4)
+    q_bkrth = _group_heads(q_btnh, (v_full[layer][0] if isinstance(v_full, tuple) else v_full).shape[-3])
     stats = jnp.full(q_bkrth.shape[:-1], _MASKED, jnp.float32)
     carry = (stats, jnp.zeros_like(stats), jnp.zeros(q_bkrth.shape, jnp.float32))
     if isinstance(k_full, tuple):  # per layer: (head,) or (head, tail), keys [B, K, H, S']
@@ -146,8 +154,7 @@ def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None) 
         one = functools.partial(_online_block, q_bkrth, "bkrth,bksh->bkrts")
         carry = _blocks(one, carry, k_full, v_full, mask_bts, 0, bound, block, layer=layer, key_slots=2)
     _, total, acc = carry
-    out = (acc / total[..., None]).astype(q_btnh.dtype)  # [B, K, R, T, H]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    return _ungroup_heads((acc / total[..., None]).astype(q_btnh.dtype))
 
 
 def _blocks(one, carry, keys, v_bksh, mask_bts, offset: int, bound, block: int, *, key_slots: int, layer=None):
@@ -178,9 +185,7 @@ def _online_block(q_bkrth, equation: str, carry, keys, v_bksh, visible_bts):
     """The online softmax's update (`attend_cached`) with one block of keys (in the layout `equation` reads)
     and values."""
     m, total, acc = carry  # [B, K, R, T], [B, K, R, T], [B, K, R, T, H]
-    h = q_bkrth.shape[-1]
-    scores = jnp.einsum(equation, q_bkrth, keys.astype(q_bkrth.dtype), preferred_element_type=jnp.float32)
-    scores = jnp.where(visible_bts[:, None, None], scores * h**-0.5, _MASKED)
+    scores = _scores(q_bkrth, keys.astype(q_bkrth.dtype), visible_bts, equation)
     m_new = jnp.maximum(m, scores.max(-1))
     p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
     v = v_bksh.astype(q_bkrth.dtype)

@@ -18,6 +18,7 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from r3jax.model.attention import QUERY_BLOCK
 from r3jax.model.qwen2 import REMAT_POLICIES
 from r3jax.rl import algorithm
 
@@ -68,7 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
         remat="dots",
         # queries an attention takes at a time in training and prefill: its [T, S] scores and their gradients
         # exist for one block of queries at once (the 1.5B plan on v5e-32: 7.0 GiB in one block, 4.8 in 1024s)
-        query_block=1024))
+        query_block=QUERY_BLOCK))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
         eval=ml_collections.ConfigDict(), eval_limit=config_dict.placeholder(int)))
