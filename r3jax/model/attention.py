@@ -1,5 +1,6 @@
-"""Softmax attention with grouped KV heads: `attend` for training and prefill (queries in blocks, its
-gradient written out), `attend_cached` for decoding (cache slots in blocks, an online softmax)."""
+"""Softmax attention with grouped KV heads: `attend` for forwards without a cache, training's (queries in
+blocks, its gradient written out), `attend_cached` for the sampler's prefill and decoding (cache slots in blocks,
+an online softmax)."""
 
 from __future__ import annotations
 

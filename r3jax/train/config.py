@@ -67,8 +67,9 @@ def base_config() -> ml_collections.ConfigDict:
         # (the [B, N, T, T] scores are never stored: about a third of the temp memory, and on this CPU half
         # the train step, page faults included: BENCHMARKS.md); "none" stores everything, "full" only inputs
         remat="dots",
-        # queries an attention takes at a time in training and prefill: its [T, S] scores and their gradients
-        # exist for one block of queries at once (the 1.5B plan on v5e-32: 7.0 GiB in one block, 4.8 in 1024s)
+        # queries an attention takes at a time in training (the sampler reads its cache in blocks of its own):
+        # [T, S] scores and their gradients exist for one block of queries at once (the 1.5B plan on v5e-32:
+        # 7.0 GiB in one block, 4.8 in blocks of 1024)
         query_block=QUERY_BLOCK))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
