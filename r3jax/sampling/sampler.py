@@ -83,12 +83,13 @@ class SamplingState:
 
     A slot holds one row at a time: its cache is the row's prompt (slots [0, Tp)) then its response (slot
     Tp + t holds response token t). A slot whose row has ended takes the next row that has not started.
-    Outputs are kept per row, so the result does not depend on which slot decoded which row.
+    Outputs are kept per row, so the result does not depend on which slot decoded which row. With D row groups,
+    the slots and rows are D equal blocks, and block d's slots decode only block d's rows.
     """
 
     step: jax.Array       # [] int32 decode steps run
     slot_steps: jax.Array  # [] int32 slots x steps: what the decoding paid for
-    next_row: jax.Array   # [] int32 the first row no slot has taken yet
+    next_row: jax.Array   # [D] int32 per row group (`schedule`), the first of its rows no slot has taken yet
     row: jax.Array        # [B] int32 the row each slot decodes
     length: jax.Array     # [B] int32 tokens that row has so far
     free: jax.Array       # [B] the slot's row has ended (or it never had one)
@@ -139,21 +140,34 @@ def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: 
     else:
         raise TypeError(f"generate needs a Qwen2 model or its (graphdef, params), got {type(model_or_params).__name__}")
     prompt_tokens, prompt_mask = _check_prompts(prompt_tokens, prompt_mask)
-    rows = prompt_tokens.shape[0] * cfg.num_samples
     if slots is not None and not 1 <= int(slots):
         raise ValueError(f"slots must be >= 1, got {slots}")
     mesh = nnx.merge(graphdef, params).mesh  # the mesh is static model metadata; merging copies nothing
-    widths = loop_widths(rows, slots, mesh)
+    widths, groups = schedule(prompt_tokens.shape[0], cfg.num_samples, slots, mesh)
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = hosts.put_rows(prompt_tokens, batch), hosts.put_rows(prompt_mask, batch)
-    return _generate(graphdef, cfg, widths, params, prompt_tokens, prompt_mask, key)
+    return _generate(graphdef, cfg, widths, groups, params, prompt_tokens, prompt_mask, key)
 
 
-def loop_widths(rows: int, slots: int | None, mesh=None) -> tuple[int, ...]:
+def schedule(prompts: int, samples: int, slots: int | None, mesh=None) -> tuple[tuple[int, ...], int]:
+    """(widths, groups): the slot counts the loop decodes at (`loop_widths`), and the row groups it seats rows
+    in. On a mesh that splits the rows over D devices, with the prompts split evenly (D divides P), the rows
+    are D groups, each one device's block of prompts and their samples, and each device's slots take only its
+    own group's rows: seating a row and narrowing the slots then move caches within a device, never across.
+    Else one group. What `memory_plan` compiles must be this very program."""
+    shards = row_shards(mesh)
+    groups = shards if prompts % shards == 0 else 1
+    return loop_widths(prompts * samples, slots, shards), groups
+
+
+def loop_widths(rows: int, slots: int | None, multiple: int = 1) -> tuple[int, ...]:
     """The slot counts `generate`'s loop decodes at: all `rows` at once (slots None: no refill, no narrowing),
-    or `slots` narrowing by quarters (`slot_widths`). What `memory_plan` compiles must be this very program."""
-    return (rows,) if slots is None else slot_widths(min(int(slots), rows), _row_shards(mesh))
+    or `slots` (rounded up to a `multiple`: the devices the rows are split over) narrowing by quarters
+    (`slot_widths`)."""
+    if slots is None:
+        return (rows,)
+    return slot_widths(min(-(-int(slots) // multiple) * multiple, rows), multiple)
 
 
 def slot_widths(slots: int, multiple: int = 1) -> tuple[int, ...]:
@@ -169,7 +183,8 @@ def slot_widths(slots: int, multiple: int = 1) -> tuple[int, ...]:
         widths.append(narrower)
 
 
-def _row_shards(mesh) -> int:
+def row_shards(mesh) -> int:
+    """The devices a batch's rows are split over (`act_bt`'s first axis); 1 without a mesh."""
     if mesh is None:
         return 1
     spec = sharding.ACTIVATION_SPECS["act_bt"][0]
@@ -195,12 +210,12 @@ def _check_prompts(tokens, mask):
     return tokens, mask
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], params, prompt_tokens, prompt_mask, key
-              ) -> tuple[Rollout, dict]:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: int, params, prompt_tokens,
+              prompt_mask, key) -> tuple[Rollout, dict]:
     model = nnx.merge(graphdef, params)
     prompts = _prefill(model, prompt_tokens, prompt_mask)
-    state = _init_state(model, cfg, widths[0], prompts, key)
+    state = _init_state(model, cfg, widths[0], groups, prompts, key)
     layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
     # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill
     refills = widths != (prompt_tokens.shape[0] * cfg.num_samples,)
@@ -214,6 +229,16 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], params, pr
     return _finish(state, cfg, model.mesh), {"steps": state.step, "slot_steps": state.slot_steps}
 
 
+def _by_group(fn, groups: int, axes: tuple[int, ...], *arrays) -> jax.Array:
+    """`fn` on each row group's block of every array (array i's axis axes[i], slots or rows or prompts, split
+    into [groups, n / groups]), the results joined back at axes[0]. A device's block in, its block out: XLA
+    partitions the per-group gathers and scatters this makes along the groups, with no collective."""
+    split = [x.reshape(x.shape[:a] + (groups, x.shape[a] // groups) + x.shape[a + 1:])
+             for x, a in zip(arrays, axes, strict=True)]
+    out = jax.vmap(fn, in_axes=axes, out_axes=axes[0])(*split)
+    return out.reshape(out.shape[:axes[0]] + (-1,) + out.shape[axes[0] + 2:])
+
+
 def _platform(model: Qwen2) -> str:
     """The platform the sampler's program runs on: the mesh's devices (also when compiled ahead of time for a
     TPU topology from a CPU host), else JAX's default backend."""
@@ -221,11 +246,14 @@ def _platform(model: Qwen2) -> str:
 
 
 def _keep_width(narrower: int, state: SamplingState) -> jax.Array:
-    """The loop's condition at the current width; `narrower` is the next width (0: none)."""
-    busy, waiting = jnp.sum(~state.free), state.next_row < state.tokens.shape[0]
-    return (((busy > 0)                      # a slot is still decoding
-             | waiting)                      # or a row has not started yet
-            & (waiting | (busy > narrower)))  # and the rows left need this many slots
+    """The loop's condition at the current width; `narrower` is the next width (0: none), each group's share
+    of it the most busy slots a group may have for the loop to narrow."""
+    groups = state.next_row.shape[0]
+    busy = jnp.sum(~state.free.reshape(groups, -1), axis=1)
+    waiting = jnp.any(state.next_row < state.tokens.shape[0] // groups)
+    return ((jnp.any(busy > 0)                               # a slot is still decoding
+             | waiting)                                      # or a row has not started yet
+            & (waiting | jnp.any(busy > narrower // groups)))  # and the rows left need this many slots
 
 
 def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
@@ -238,7 +266,8 @@ def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
     return PromptCache(k=cache.k, v=cache.v, mask=cache.mask, logits=logits)
 
 
-def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCache, key) -> SamplingState:
+def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, groups: int, prompts: PromptCache, key
+                ) -> SamplingState:
     """Every slot free and every row waiting: the first refill (before the loop for one static batch, else
     in the first step) hands out the first B rows."""
     n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
@@ -250,7 +279,7 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCa
     cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
     return SamplingState(
-        step=jnp.zeros((), jnp.int32), slot_steps=jnp.zeros((), jnp.int32), next_row=jnp.zeros((), jnp.int32),
+        step=jnp.zeros((), jnp.int32), slot_steps=jnp.zeros((), jnp.int32), next_row=jnp.zeros((groups,), jnp.int32),
         row=jnp.full((slots,), rows, jnp.int32), length=jnp.zeros((slots,), jnp.int32),
         free=jnp.ones((slots,), bool), logits=jnp.zeros((slots, prompts.logits.shape[-1]), jnp.float32),
         cache=cache, tokens=per_row(jnp.full((rows, n), cfg.pad_id, jnp.int32)),
@@ -260,31 +289,38 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, prompts: PromptCa
 
 
 def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> SamplingState:
-    """Free slots take the next waiting rows, in slot order: each gets its prompt's cache and logits."""
-    b, rows = state.row.shape[0], state.tokens.shape[0]
-    new_row = state.next_row + jnp.cumsum(state.free) - 1
-    take = state.free & (new_row < rows)
-    dest = jnp.where(take, jnp.arange(b), b)          # slots that take nothing write out of range: dropped
-    prompt = jnp.where(take, new_row, 0) // cfg.num_samples
-    tp = prompts.mask.shape[1]
+    """Free slots take the next waiting rows of their group, in slot order: each gets its prompt's cache and
+    logits, from its group's block of prompts."""
+    groups = state.next_row.shape[0]
+    b, rows, tp = state.row.shape[0] // groups, state.tokens.shape[0] // groups, prompts.mask.shape[1]
+    free = state.free.reshape(groups, b)
+    local = state.next_row[:, None] + jnp.cumsum(free, axis=1) - 1   # [D, B/D] row within the group's block
+    take = free & (local < rows)
+    new_row = (jnp.arange(groups)[:, None] * rows + local).reshape(-1)
+    dest = jnp.where(take, jnp.arange(b), b).reshape(-1)  # slots that take nothing write out of range: dropped
+    prompt = (jnp.where(take, local, 0) // cfg.num_samples).reshape(-1)  # within the group's prompts
+    take = take.reshape(-1)
     cache = state.cache
-    keys, values = prompts.k[:, prompt], prompts.v[:, prompt]  # [L, B, K, Tp, H] each
     if cache.per_layer:  # the prompt lies in each layer's head (`_init_state`), keys slots last
-        k = tuple((head.at[dest, :, :, :tp].set(keys[i].swapaxes(-1, -2), mode="drop"), *tail)
-                  for i, (head, *tail) in enumerate(cache.k))
-        v = tuple((head.at[dest, :, :tp].set(values[i], mode="drop"), *tail)
-                  for i, (head, *tail) in enumerate(cache.v))
+        k = tuple((_by_group(lambda s, p, d, i: s.at[d, :, :, :tp].set(p[i].swapaxes(-1, -2), mode="drop"),
+                             groups, (0, 0, 0, 0), head, prompts.k[n], dest, prompt), *tail)
+                  for n, (head, *tail) in enumerate(cache.k))
+        v = tuple((_by_group(lambda s, p, d, i: s.at[d, :, :tp].set(p[i], mode="drop"),
+                             groups, (0, 0, 0, 0), head, prompts.v[n], dest, prompt), *tail)
+                  for n, (head, *tail) in enumerate(cache.v))
     else:
-        k = cache.k.at[:, dest, :, :tp].set(keys, mode="drop")
-        v = cache.v.at[:, dest, :, :tp].set(values, mode="drop")
-    cache = dataclasses.replace(
-        cache, k=k, v=v,
-        mask=cache.mask.at[dest].set(jnp.pad(prompts.mask[prompt], ((0, 0), (0, cache.max_length - tp))),
-                                     mode="drop"))
+        k, v = (_by_group(lambda s, p, d, i: s.at[:, d, :, :tp].set(p[:, i], mode="drop"),
+                          groups, (1, 1, 0, 0), kv, new, dest, prompt)
+                for kv, new in ((cache.k, prompts.k), (cache.v, prompts.v)))
+    pad = ((0, 0), (0, cache.max_length - tp))
+    mask = _by_group(lambda s, p, d, i: s.at[d].set(jnp.pad(p[i], pad), mode="drop"),
+                     groups, (0, 0, 0, 0), cache.mask, prompts.mask, dest, prompt)
+    logits = _by_group(lambda s, p, d, i: s.at[d].set(p[i], mode="drop"),
+                       groups, (0, 0, 0, 0), state.logits, prompts.logits, dest, prompt)
     return dataclasses.replace(
-        state, next_row=state.next_row + jnp.sum(take), row=jnp.where(take, new_row, state.row),
-        length=jnp.where(take, 0, state.length), free=state.free & ~take, cache=cache,
-        logits=state.logits.at[dest].set(prompts.logits[prompt], mode="drop"))
+        state, next_row=state.next_row + jnp.sum(take.reshape(groups, b), axis=1),
+        row=jnp.where(take, new_row, state.row), length=jnp.where(take, 0, state.length), free=state.free & ~take,
+        cache=dataclasses.replace(cache, k=k, v=v, mask=mask), logits=logits)
 
 
 def _seat_all(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState, mesh) -> SamplingState:
@@ -301,21 +337,29 @@ def _seat_all(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState, m
     cache = dataclasses.replace(state.cache, k=seated(prompts.k).astype(state.cache.k.dtype),
                                 v=seated(prompts.v).astype(state.cache.v.dtype),
                                 mask=jnp.pad(jnp.repeat(prompts.mask, g, axis=0), ((0, 0), (0, pad))))
-    return dataclasses.replace(state, next_row=jnp.asarray(rows, jnp.int32), row=jnp.arange(rows, dtype=jnp.int32),
+    groups = state.next_row.shape[0]
+    return dataclasses.replace(state, next_row=jnp.full((groups,), rows // groups, jnp.int32),
+                               row=jnp.arange(rows, dtype=jnp.int32),
                                length=jnp.zeros_like(state.length), free=jnp.zeros_like(state.free), cache=cache,
                                logits=jnp.repeat(prompts.logits, g, axis=0))
 
 
 def _narrow(state: SamplingState, width: int) -> SamplingState:
-    """Keeps `width` slots, the busy ones first (all of them: the loop narrows only when that many are left)."""
-    keep = jnp.argsort(state.free, stable=True)[:width]
+    """Keeps `width` slots, width / D of each group's, its busy ones first (all of them: the loop narrows only
+    when no group has more left)."""
+    groups = state.next_row.shape[0]
+    keep = jnp.argsort(state.free.reshape(groups, -1), axis=1, stable=True)[:, :width // groups].reshape(-1)
+
+    def kept(x, axis=0):  # each group's kept slots, from its own block
+        return _by_group(lambda x, i: jnp.take(x, i, axis=axis), groups, (axis, 0), x, keep)
+
     cache = state.cache
-    rows = ((lambda x: tuple(tuple(part[keep] for part in layer) for layer in x)) if cache.per_layer  # noqa: E731
-            else (lambda x: x[:, keep]))
-    cache = dataclasses.replace(cache, k=rows(cache.k), v=rows(cache.v), mask=cache.mask[keep],
-                                index=cache.index[keep])
-    return dataclasses.replace(state, row=state.row[keep], length=state.length[keep], free=state.free[keep],
-                               logits=state.logits[keep], cache=cache)
+    rows = ((lambda x: tuple(tuple(kept(part) for part in layer) for layer in x)) if cache.per_layer  # noqa: E731
+            else (lambda x: kept(x, 1)))
+    cache = dataclasses.replace(cache, k=rows(cache.k), v=rows(cache.v), mask=kept(cache.mask),
+                                index=kept(cache.index))
+    return dataclasses.replace(state, row=kept(state.row), length=kept(state.length), free=kept(state.free),
+                               logits=kept(state.logits), cache=cache)
 
 
 def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache, state: SamplingState, *,
@@ -324,7 +368,8 @@ def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache
     the model."""
     rows, n, tp = state.tokens.shape[0], cfg.max_new_tokens, prompts.mask.shape[1]
     if refills:
-        refill = jnp.any(state.free) & (state.next_row < rows)
+        groups = state.next_row.shape[0]  # a group with a free slot and a row waiting
+        refill = jnp.any(jnp.any(state.free.reshape(groups, -1), axis=1) & (state.next_row < rows // groups))
         state = jax.lax.cond(refill, functools.partial(_refill, cfg, prompts), lambda s: s, state)
     live = ~state.free
     at = (jnp.where(live, state.row, rows), state.length)  # out of range for idle slots: their writes drop

@@ -160,9 +160,8 @@ def compile_sampler(c, rl, model_cfg: rm.ModelConfig, graphdef, params, s: Shape
     mask = jax.ShapeDtypeStruct((prompts, s.prompt_tokens), bool, sharding=placed)
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype  # no array: there may be no backend to hold one
     key = jax.ShapeDtypeStruct((), key_dtype, sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    rows = prompts * s.samples
-    widths = sampler.loop_widths(rows, c.get("sampling_slots", 0) or None, mesh)  # as `rollouts.sample` calls it
-    return sampler._generate.lower(graphdef, cfg, widths, params, tokens, mask, key).compile()
+    widths, groups = sampler.schedule(prompts, s.samples, c.get("sampling_slots", 0) or None, mesh)  # as `generate`
+    return sampler._generate.lower(graphdef, cfg, widths, groups, params, tokens, mask, key).compile()
 
 
 def forward_flops_per_token(m: rm.ModelConfig, attended: int) -> float:
