@@ -131,3 +131,19 @@ def test_train_flops_count_what_each_remat_policy_recomputes():
     assert flops["full"] == pytest.approx(4 * forward * tokens)
     assert flops["dots"] == pytest.approx((3 * forward + forward - projections) * tokens)
     assert flops["none"] < flops["dots"] < flops["full"]
+
+
+def test_decode_reads_the_cache_blocks_below_the_longest_row(monkeypatch):
+    """A decode step reads the cache in blocks up to its longest live row (`attention.attend_cached`), which at
+    step t holds prompt + t slots: the plan's FLOPs and bytes use that mean, not the whole cache. Prompt 4,
+    10 steps, blocks of 4: 8, 8, 8, 8, 12, 12, 12, 12, 14, 14 slots (the last block ends at the cache's 14)."""
+    monkeypatch.setattr(memory_plan.attention, "CACHE_BLOCK", 4)
+    shapes = memory_plan.Shapes(prompts=2, slots=0, samples=4, prompt_tokens=4, response_tokens=10,
+                                num_questions=2, replay_k=0)
+    assert memory_plan.decode_slots(shapes) == pytest.approx(10.8)
+    m = rm.tiny()
+    prefill = 2 * 4 * memory_plan.forward_flops_per_token(m, 4)
+    decode = 8 * 10 * memory_plan.forward_flops_per_token(m, 10.8)
+    assert memory_plan.sampler_flops(m, shapes, 8) == pytest.approx(prefill + decode)
+    monkeypatch.setattr(memory_plan.attention, "CACHE_BLOCK", 256)  # one block holds it all
+    assert memory_plan.decode_slots(shapes) == 14

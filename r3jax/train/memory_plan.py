@@ -13,11 +13,13 @@ FLOPs are counted by formula, not taken from `cost_analysis()`: XLA counts a loo
 trip count, and both programs are loops (layers, micro-batches, decode steps). With Φ the matmul
 parameters (layers and head, not the embedding lookup), per token of a forward pass
 
-    F_fwd = 2·Φ + 4·L·N·H·S_attn        (S_attn: key slots each query scores; the attention is not causal-skipped)
+    F_fwd = 2·Φ + 4·L·N·H·S_attn        (S_attn: key slots each query scores)
 
 train step: 3·F_fwd per token (forward + backward, the MFU convention), + F_fwd with remat "full" (the layer's
 forward again), + its attention term alone with remat "dots" (the projections' outputs are kept);
-sampler: prefill F_fwd on every prompt token, then one F_fwd per row per decode step.
+sampler: prefill F_fwd on every prompt token (S_attn: the prompt), then one F_fwd per row per decode step (S_attn:
+`decode_slots`, the cache blocks below the longest live row, averaged over the steps). The training attention is
+not causal-skipped: S_attn is the whole sequence.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 
 from r3jax import model as rm
-from r3jax.model import sharding
+from r3jax.model import attention, sharding
 from r3jax.rl import batch as rl_batch
 from r3jax.rl import train_step
 from r3jax.sampling import sampler
@@ -180,21 +183,30 @@ def train_flops(c, m: rm.ModelConfig, s: Shapes) -> float:
     return s.loss_rows * seq * (3 * forward + recomputed)
 
 
+def decode_slots(s: Shapes) -> float:
+    """Cache slots a decode step's attention reads, averaged over the steps: the `attention.CACHE_BLOCK` blocks
+    below the longest live row, which at step t holds prompt + t slots when that row runs to the budget (R1's
+    truncated rows do; a call whose rows all end sooner stops sooner and reads less)."""
+    block, whole = attention.CACHE_BLOCK, s.prompt_tokens + s.response_tokens
+    filled = s.prompt_tokens + np.arange(1, s.response_tokens + 1)
+    return float(np.minimum(whole, -(-filled // block) * block).mean())
+
+
 def sampler_flops(m: rm.ModelConfig, s: Shapes, rows: int) -> float:
-    cache = s.prompt_tokens + s.response_tokens  # every query scores all cache slots (masked, not skipped)
-    prefill = rows // s.samples * s.prompt_tokens
-    return (prefill + rows * s.response_tokens) * forward_flops_per_token(m, cache)
+    prefill = rows // s.samples * s.prompt_tokens * forward_flops_per_token(m, s.prompt_tokens)
+    return prefill + rows * s.response_tokens * forward_flops_per_token(m, decode_slots(s))
 
 
 def decode_bytes_per_step(c, m: rm.ModelConfig, s: Shapes, rows: int, mesh) -> float:
-    """HBM bytes one decode step reads per device: the weights it multiplies with (whole along fsdp, split
-    by tensor, in the compute dtype) and its rows' full KV cache (attention reads every slot)."""
+    """HBM bytes one decode step reads per device, averaged over the steps: the weights it multiplies with
+    (whole along fsdp, split by tensor, in the compute dtype) and its rows' KV cache up to the longest live row
+    (`decode_slots`)."""
     tensor = mesh.shape["tensor"]
     batch = sharding.batch_devices(mesh)
     itemsize = jnp.dtype(c.model.compute_dtype or c.model.dtype).itemsize
     weights = (forward_flops_per_token(m, 0) / 2) * itemsize / tensor
     kv_heads = m.num_key_value_heads / (tensor if m.num_key_value_heads % tensor == 0 else 1)
-    cache = 2 * m.num_hidden_layers * kv_heads * (s.prompt_tokens + s.response_tokens) * m.head_dim * itemsize
+    cache = 2 * m.num_hidden_layers * kv_heads * decode_slots(s) * m.head_dim * itemsize
     return weights + math.ceil(rows / batch) * cache
 
 
@@ -261,8 +273,11 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
             rows = sampler_rows(c, s)
             build = functools.partial(compile_sampler, c, rl, model_cfg, graphdef, params, s, mesh)
             calls = -(-s.groups * s.samples // rows)
-            per_step = decode_bytes_per_step(c, model_cfg, s, rows, mesh)
-            decode_s = None if chip.hbm_bandwidth is None else s.response_tokens * per_step / chip.hbm_bandwidth
+            slots = c.get("sampling_slots", 0)
+            per_step = decode_bytes_per_step(c, model_cfg, s, min(slots, rows) if slots else rows, mesh)
+            # with slots, the steps a call takes depend on the response lengths: no estimate
+            decode_s = (s.response_tokens * per_step / chip.hbm_bandwidth
+                        if chip.hbm_bandwidth is not None and not slots else None)
             extra = {"rows": rows, "calls_per_step": calls, "decode_bytes_per_step_per_device": int(per_step),
                      "decode_s_at_hbm_bandwidth": decode_s,
                      "sampling_s_per_step_at_hbm_bandwidth": None if decode_s is None else calls * decode_s}
