@@ -220,7 +220,7 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: in
     # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill
     refills = widths != (prompt_tokens.shape[0] * cfg.num_samples,)
     if not refills:
-        state = _refill(cfg, prompts, state) if state.cache.per_layer else _seat_all(cfg, prompts, state, model.mesh)
+        state = _seat_all(cfg, prompts, state, model.mesh)
     step_fn = functools.partial(_decode_step, model, cfg, layers, prompts, refills=refills)
     for narrower in (*widths[1:], 0):
         state = jax.lax.while_loop(functools.partial(_keep_width, narrower), step_fn, state)
@@ -324,23 +324,30 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
 
 
 def _seat_all(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState, mesh) -> SamplingState:
-    """`_refill` of an all-free stacked cache with every row (row r in slot r), its cache built from the prompts'
-    in one piece rather than written into zeros (the 1.5B sampler's TPU program, v5e:4x8: 6.0 -> 4.6 GiB a
-    chip; with the refill `cond` in every step, as for slots, 7.0)."""
+    """`_refill` of an all-free cache with every row (row r in slot r), its cache built from the prompts' in one
+    piece rather than written into zeros (the 1.5B sampler's TPU program, v5e:4x8: 6.0 -> 4.6 GiB a chip; with
+    the refill `cond` in every step, as for slots, 7.0). A per-layer cache's heads are built so; its tails
+    stay empty."""
     g, rows, tp = cfg.num_samples, state.row.shape[0], prompts.mask.shape[1]
-    pad = state.cache.max_length - tp
+    cache = state.cache
 
-    def seated(x):  # [L, P, K, Tp, H] -> [L, P·G, K, S, H], placed as the cache
-        x = jnp.pad(jnp.repeat(x, g, axis=1), ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-        return x if mesh is None else sharding.constrain(x, "cache_lbksh", mesh)
+    def seated(x, like, name, keys_last=False):  # [(L,) P, K, Tp, H] -> [(L,) P·G, K, S', H] as `like` (S' slots)
+        slots = like.shape[-1] if keys_last else like.shape[-2]
+        x = jnp.pad(jnp.repeat(x, g, axis=-4), [(0, 0)] * (x.ndim - 2) + [(0, slots - tp), (0, 0)])
+        x = (x.swapaxes(-1, -2) if keys_last else x).astype(like.dtype)
+        return x if mesh is None else sharding.constrain(x, name, mesh)
 
-    cache = dataclasses.replace(state.cache, k=seated(prompts.k).astype(state.cache.k.dtype),
-                                v=seated(prompts.v).astype(state.cache.v.dtype),
-                                mask=jnp.pad(jnp.repeat(prompts.mask, g, axis=0), ((0, 0), (0, pad))))
+    if cache.per_layer:  # keys slots last (`cache.Cache`)
+        k = tuple((seated(prompts.k[n], head, "cache_bkhs", keys_last=True), *tail)
+                  for n, (head, *tail) in enumerate(cache.k))
+        v = tuple((seated(prompts.v[n], head, "cache_bksh"), *tail) for n, (head, *tail) in enumerate(cache.v))
+    else:
+        k, v = seated(prompts.k, cache.k, "cache_lbksh"), seated(prompts.v, cache.v, "cache_lbksh")
+    mask = jnp.pad(jnp.repeat(prompts.mask, g, axis=0), ((0, 0), (0, cache.max_length - tp)))
     groups = state.next_row.shape[0]
     return dataclasses.replace(state, next_row=jnp.full((groups,), rows // groups, jnp.int32),
-                               row=jnp.arange(rows, dtype=jnp.int32),
-                               length=jnp.zeros_like(state.length), free=jnp.zeros_like(state.free), cache=cache,
+                               row=jnp.arange(rows, dtype=jnp.int32), length=jnp.zeros_like(state.length),
+                               free=jnp.zeros_like(state.free), cache=dataclasses.replace(cache, k=k, v=v, mask=mask),
                                logits=jnp.repeat(prompts.logits, g, axis=0))
 
 
