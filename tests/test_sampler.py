@@ -204,17 +204,19 @@ def test_sharded_run_equals_single_device(checkpoint):
 
 
 @pytest.mark.parametrize("unroll", [True, False], ids=["per_layer_cache", "stacked_cache"])
-@pytest.mark.parametrize("copies", [2, 1], ids=["prompts_split_by_device", "prompts_not_split_evenly"])
-def test_refilled_slots_on_a_mesh_give_the_single_device_rollout(checkpoint, copies, unroll):
-    """Rows refilled into 4 slots on a mesh that splits rows over 4 devices. With 6 prompts (split 4 ways: no)
-    the rows are one group; with 12 (yes) four, each device's slot taking only its own prompts' rows
-    (`sampler.schedule`). The rollout is the single-device one either way."""
+@pytest.mark.parametrize("copies, groups", [(4, 4), (2, 4), (1, 1)],
+                         ids=["prompts_split_by_device", "rows_split_prompts_whole", "rows_not_split_evenly"])
+def test_refilled_slots_on_a_mesh_give_the_single_device_rollout(checkpoint, copies, groups, unroll):
+    """Rows refilled into 4 slots on a mesh that splits rows over 4 devices (`sampler.schedule`): 12 prompts
+    (4 groups, each taking its prompts from its own device's block), 6 prompts of 2 samples (12 rows: 4
+    groups, the prompts, which 4 does not divide, whole on every device), 3 prompts (6 rows: one group). The
+    rollout is the single-device one in each case."""
     folder, _, model = checkpoint
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded, _ = rm.load_pretrained(folder, mesh=mesh, sharding_mode="sample")
     tokens, mask = prompts()
-    tokens, mask = np.tile(tokens, (2 * copies, 1)), np.tile(mask, (2 * copies, 1))
-    assert sampler.schedule(tokens.shape[0], 2, 4, mesh)[1] == (4 if copies == 2 else 1)
+    tokens, mask = np.tile(tokens, (copies, 1)), np.tile(mask, (copies, 1))
+    assert sampler.schedule(tokens.shape[0], 2, 4, mesh)[1] == groups
     kw = dict(max_new_tokens=9, num_samples=2, eos_ids=tuple(range(3, 128, 9)), unroll_layers=unroll)
     (a, _), (b, cost) = (sampler.decode(m, tokens, mask, jax.random.key(8), slots=s, **kw)
                          for m, s in ((model, None), (sharded, 4)))

@@ -152,12 +152,13 @@ def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: 
 
 def schedule(prompts: int, samples: int, slots: int | None, mesh=None) -> tuple[tuple[int, ...], int]:
     """(widths, groups): the slot counts the loop decodes at (`loop_widths`), and the row groups it seats rows
-    in. On a mesh that splits the rows over D devices, with the prompts split evenly (D divides P), the rows
-    are D groups, each one device's block of prompts and their samples, and each device's slots take only its
-    own group's rows: seating a row and narrowing the slots then move caches within a device, never across.
-    Else one group. What `memory_plan` compiles must be this very program."""
+    in. On a mesh that splits the rows over D devices (D dividing the P·G rows), the rows are D groups, one
+    device's block each, and each device's slots take only its own group's rows: seating a row and narrowing
+    the slots then move caches within a device, never across. A group takes its prompts' caches from its own
+    block of prompts when D divides P too, else from all of them (prompts that D does not divide are whole on
+    every device: `sharding.fit_spec`). Else one group. What `memory_plan` compiles must be this very program."""
     shards = row_shards(mesh)
-    groups = shards if prompts % shards == 0 else 1
+    groups = shards if (prompts * samples) % shards == 0 else 1
     return loop_widths(prompts * samples, slots, shards), groups
 
 
@@ -229,11 +230,12 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: in
     return _finish(state, cfg, model.mesh), {"steps": state.step, "slot_steps": state.slot_steps}
 
 
-def _by_group(fn, groups: int, axes: tuple[int, ...], *arrays) -> jax.Array:
+def _by_group(fn, groups: int, axes: tuple[int | None, ...], *arrays) -> jax.Array:
     """`fn` on each row group's block of every array (array i's axis axes[i], slots or rows or prompts, split
-    into [groups, n / groups]), the results joined back at axes[0]. A device's block in, its block out: XLA
-    partitions the per-group gathers and scatters this makes along the groups, with no collective."""
-    split = [x.reshape(x.shape[:a] + (groups, x.shape[a] // groups) + x.shape[a + 1:])
+    into [groups, n / groups]; None: the whole array, to every group), the results joined back at axes[0]. A
+    device's block in, its block out: XLA partitions the per-group gathers and scatters this makes along the
+    groups, with no collective."""
+    split = [x if a is None else x.reshape(x.shape[:a] + (groups, x.shape[a] // groups) + x.shape[a + 1:])
              for x, a in zip(arrays, axes, strict=True)]
     out = jax.vmap(fn, in_axes=axes, out_axes=axes[0])(*split)
     return out.reshape(out.shape[:axes[0]] + (-1,) + out.shape[axes[0] + 2:])
@@ -298,25 +300,29 @@ def _refill(cfg: SamplingConfig, prompts: PromptCache, state: SamplingState) -> 
     take = free & (local < rows)
     new_row = (jnp.arange(groups)[:, None] * rows + local).reshape(-1)
     dest = jnp.where(take, jnp.arange(b), b).reshape(-1)  # slots that take nothing write out of range: dropped
-    prompt = (jnp.where(take, local, 0) // cfg.num_samples).reshape(-1)  # within the group's prompts
+    # the prompt within the group's block of prompts, or among all of them when the groups do not split them
+    blocks = prompts.mask.shape[0] % groups == 0
+    prompt = jnp.where(take.reshape(-1), (local if blocks else new_row.reshape(groups, b)).reshape(-1), 0)
+    prompt = prompt // cfg.num_samples
+    p_axis = 0 if blocks else None
     take = take.reshape(-1)
     cache = state.cache
     if cache.per_layer:  # the prompt lies in each layer's head (`_init_state`), keys slots last
         k = tuple((_by_group(lambda s, p, d, i: s.at[d, :, :, :tp].set(p[i].swapaxes(-1, -2), mode="drop"),
-                             groups, (0, 0, 0, 0), head, prompts.k[n], dest, prompt), *tail)
+                             groups, (0, p_axis, 0, 0), head, prompts.k[n], dest, prompt), *tail)
                   for n, (head, *tail) in enumerate(cache.k))
         v = tuple((_by_group(lambda s, p, d, i: s.at[d, :, :tp].set(p[i], mode="drop"),
-                             groups, (0, 0, 0, 0), head, prompts.v[n], dest, prompt), *tail)
+                             groups, (0, p_axis, 0, 0), head, prompts.v[n], dest, prompt), *tail)
                   for n, (head, *tail) in enumerate(cache.v))
     else:
         k, v = (_by_group(lambda s, p, d, i: s.at[:, d, :, :tp].set(p[:, i], mode="drop"),
-                          groups, (1, 1, 0, 0), kv, new, dest, prompt)
+                          groups, (1, None if p_axis is None else 1, 0, 0), kv, new, dest, prompt)
                 for kv, new in ((cache.k, prompts.k), (cache.v, prompts.v)))
     pad = ((0, 0), (0, cache.max_length - tp))
     mask = _by_group(lambda s, p, d, i: s.at[d].set(jnp.pad(p[i], pad), mode="drop"),
-                     groups, (0, 0, 0, 0), cache.mask, prompts.mask, dest, prompt)
+                     groups, (0, p_axis, 0, 0), cache.mask, prompts.mask, dest, prompt)
     logits = _by_group(lambda s, p, d, i: s.at[d].set(p[i], mode="drop"),
-                       groups, (0, 0, 0, 0), state.logits, prompts.logits, dest, prompt)
+                       groups, (0, p_axis, 0, 0), state.logits, prompts.logits, dest, prompt)
     return dataclasses.replace(
         state, next_row=state.next_row + jnp.sum(take.reshape(groups, b), axis=1),
         row=jnp.where(take, new_row, state.row), length=jnp.where(take, 0, state.length), free=state.free & ~take,
