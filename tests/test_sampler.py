@@ -340,4 +340,5 @@ def test_the_loop_narrows_only_when_slots_are_given():
     assert sampler.loop_widths(64, None) == (64,)
     assert sampler.loop_widths(64, 32) == sampler.slot_widths(32) == (32, 8, 2, 1)
     assert sampler.loop_widths(8, 32) == (8, 2, 1)
-    assert sampler.loop_widths(64, 30, 4) == (32, 8, 4)  # slots rounded up to the row shards' multiple
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)  # rows split over 4 devices
+    assert sampler.loop_widths(64, 30, mesh) == (32, 8, 4)  # slots rounded up to a multiple of 4

@@ -159,15 +159,16 @@ def schedule(prompts: int, samples: int, slots: int | None, mesh=None) -> tuple[
     every device: `sharding.fit_spec`). Else one group. What `memory_plan` compiles must be this very program."""
     shards = row_shards(mesh)
     groups = shards if (prompts * samples) % shards == 0 else 1
-    return loop_widths(prompts * samples, slots, shards), groups
+    return loop_widths(prompts * samples, slots, mesh), groups
 
 
-def loop_widths(rows: int, slots: int | None, multiple: int = 1) -> tuple[int, ...]:
+def loop_widths(rows: int, slots: int | None, mesh=None) -> tuple[int, ...]:
     """The slot counts `generate`'s loop decodes at: all `rows` at once (slots None: no refill, no narrowing),
-    or `slots` (rounded up to a `multiple`: the devices the rows are split over) narrowing by quarters
+    or `slots` (rounded up to a multiple of the devices the mesh splits the rows over) narrowing by quarters
     (`slot_widths`)."""
     if slots is None:
         return (rows,)
+    multiple = row_shards(mesh)
     return slot_widths(min(-(-int(slots) // multiple) * multiple, rows), multiple)
 
 
