@@ -48,12 +48,16 @@ def get_config():
     c.mesh.tensor = 2
     # The loss has (128 + 8 reflection slots) x (8 + 2 replayed) = 1360 rows of 9216 tokens: 85 micro-batches
     # of 16 rows, one row per data x fsdp shard (a micro-batch the batch axes do not divide runs replicated),
-    # whose [heads, 9216, 9216] fp32 attention scores dominate the step's memory. (GRPO: 1024 rows, 64.)
+    # whose attention takes its queries 1,024 at a time (`model.query_block`). (GRPO: 1024 rows, 64.)
     c.micro_batch_rows = 16
     c.rl.chunk_size = 512                  # head tokens per chunk: [rows, 512, V/2] fp32 logits at a time
     # Rows per sampler call: 32 prompts x 8 = 2 prompts per batch shard (a chunk's prompts must split over the
     # 16 data x fsdp shards, or its prefill runs replicated); the 1088 rows take 5 calls, the last one padded.
     c.sampling_chunk = 256
+    # Each call decodes until its longest row ends. `--config.sampling_slots=256` refills finished rows' slots
+    # with waiting rows instead (each device's slots its own rows), for calls of 512 rows (4.8 GiB a chip) or
+    # all 1088 (--config.sampling_chunk=0, 8.0 GiB): fewer steps when most responses end well before 8K. Not
+    # the default: its speed on TPU is not measured (docs/SCALING.md).
     c.eval.greedy = False                  # DeepScaleR's protocol: T 0.6, top-p 0.95 (eval.py averages 16)
     c.eval.num_samples = 1
     c.eval.batch_size = 128
