@@ -170,6 +170,28 @@ def test_a_slow_answer_times_out_within_a_fraction_of_a_second(answer):
     assert time.perf_counter() - start < 0.4 + 0.3
 
 
+def test_a_lost_alarm_fires_again():
+    """The deadline's first raise can be lost (Python runs the handler inside a gc callback, which prints the
+    exception and drops it): the alarm keeps firing until the block ends. Here the block drops the first
+    one, as such a callback would; a one-shot alarm would leave it spinning to its 5 s guard."""
+    import time
+
+    from math_verify.errors import TimeoutException
+
+    start, dropped = time.perf_counter(), []
+    with pytest.raises(TimeoutException), equivalence.deadline(0.2):
+        while time.perf_counter() - start < 5:
+            try:
+                while time.perf_counter() - start < 5:
+                    pass
+            except TimeoutException:
+                if dropped:
+                    raise
+                dropped.append(time.perf_counter() - start)
+    assert dropped and dropped[0] >= 0.2
+    assert time.perf_counter() - start < 0.2 + 0.5
+
+
 def test_an_exact_zero_difference_is_not_float_noise():
     # float() of the unevaluated 0 + 2 - 2 is 4.7e-125, which the small-number check used to call unequal
     assert equivalence.judge("0 + 2 - 2", "0") == (True, "correct")
