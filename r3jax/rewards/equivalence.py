@@ -13,6 +13,7 @@ needs a process's main thread, which the grading pool's workers are.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import re
 import signal
@@ -119,32 +120,33 @@ def _verbatim(text: str) -> str:
     return re.sub(r"\s+", "", latex.canonical(text))
 
 
-# After the deadline, the alarm fires again this often until the comparison has ended. A raise can be lost:
-# Python runs the handler wherever the main thread is, and an exception raised inside a gc callback (JAX
-# registers one) or a __del__ is printed and dropped. One alarm lost so let `(x+1)^{10^{4}}` expand for 54 s
-# against a 0.4 s deadline (CI, 2026-12-05).
-_REPEAT_S = 0.05
-
-
 @contextlib.contextmanager
 def deadline(seconds: float):
-    """Raises math-verify's TimeoutException in this (main) thread once `seconds` have passed, and again every
-    `_REPEAT_S` until the block ends. Yields a dict whose `expired` says whether it fired: math-verify catches
-    exceptions inside its own steps, so the alarm can end a comparison early as a plain False that is no
-    verdict."""
+    """Raises math-verify's TimeoutException in this (main) thread once `seconds` have passed. Yields a dict
+    whose `expired` says whether it fired: math-verify catches exceptions inside its own steps, so the alarm can
+    end a comparison early as a plain False that is no verdict.
+
+    The garbage collector is off inside the block. Python runs the handler wherever the main thread is, and an
+    exception raised inside a gc callback (JAX registers one) is printed and dropped: one alarm lost so let
+    `(x+1)^{10^{4}}` expand for 54 s against a 0.4 s deadline (CI, 2026-12-05). The alarm stays one-shot: one
+    that fired again could land in the cleanup below and outlive the block."""
     clock = {"expired": False}
 
     def expire(signum, frame):
         clock["expired"] = True
         raise TimeoutException(f"no verdict within {seconds} s")
 
+    collecting = gc.isenabled()
+    gc.disable()
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds, _REPEAT_S)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield clock
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if collecting:
+            gc.enable()
 
 
 def judge(answer: str, references, timeout_s: float = 3.0) -> tuple[bool, str]:
