@@ -188,16 +188,19 @@ def test_the_deadline_is_not_lost_in_a_gc_callback():
 
     gc.callbacks.append(slow)
     try:
-        start = time.perf_counter()
         with pytest.raises(TimeoutException), equivalence.deadline(0.1):
+            start = last = time.perf_counter()
             junk = []
-            while time.perf_counter() - start < 5:
+            while last - start < 5:
                 junk.append([[], {}])
                 if len(junk) > 5000:
                     junk = []
+                last = time.perf_counter()
     finally:
         gc.callbacks.remove(slow)
-    assert time.perf_counter() - start < 0.1 + 0.3
+    # the alarm ended the loop at its deadline: no 0.3 s callback ran inside the block (collections resume
+    # after it, when the collector is back on)
+    assert last - start < 0.1 + 0.2
     assert gc.isenabled()  # and the collector is back on after the block
 
 
