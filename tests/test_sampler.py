@@ -256,7 +256,7 @@ def test_refilled_slots_move_no_cache_across_devices(checkpoint):
 def test_scanned_and_unrolled_decoding_agree(checkpoint, monkeypatch, head_slots, budget, slots):
     """The unrolled loop's per-layer cache (a head of the prompt + `HEAD_RESPONSE_SLOTS`, then a tail read
     in blocks of 4 here) against the scanned loop's stacked cache, with rows refilled into 3 slots, and as one
-    static batch (the stacked cache then built from the prompts' before the loop: `_seat_all`). (Each case its
+    static batch (the stacked cache then built from the prompts' before the loop: `slots.seat_all`). (Each case its
     own budget: a new shape, so a new trace that reads the patched constants.)"""
     monkeypatch.setattr(sampler, "HEAD_RESPONSE_SLOTS", head_slots)
     monkeypatch.setattr(attention, "CACHE_BLOCK", 4)

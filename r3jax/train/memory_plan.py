@@ -40,7 +40,7 @@ from r3jax import model as rm
 from r3jax.model import attention, sharding
 from r3jax.rl import batch as rl_batch
 from r3jax.rl import train_step
-from r3jax.sampling import sampler
+from r3jax.sampling import sampler, slots
 from r3jax.train import config as run_config
 
 GiB = 2**30
@@ -163,7 +163,7 @@ def compile_sampler(c, rl, model_cfg: rm.ModelConfig, graphdef, params, s: Shape
     mask = jax.ShapeDtypeStruct((prompts, s.prompt_tokens), bool, sharding=placed)
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype  # no array: there may be no backend to hold one
     key = jax.ShapeDtypeStruct((), key_dtype, sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    widths, groups = sampler.schedule(prompts, s.samples, c.get("sampling_slots", 0) or None, mesh)  # as `generate`
+    widths, groups = slots.schedule(prompts, s.samples, c.get("sampling_slots", 0) or None, mesh)  # as `generate`
     return sampler._generate.lower(graphdef, cfg, widths, groups, params, tokens, mask, key).compile()
 
 
