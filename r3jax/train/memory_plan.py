@@ -273,11 +273,11 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
             rows = sampler_rows(c, s)
             build = functools.partial(compile_sampler, c, rl, model_cfg, graphdef, params, s, mesh)
             calls = -(-s.groups * s.samples // rows)
-            slots = c.get("sampling_slots", 0)
-            per_step = decode_bytes_per_step(c, model_cfg, s, min(slots, rows) if slots else rows, mesh)
+            refilled = c.get("sampling_slots", 0)  # slots decoding at once (0: all the call's rows)
+            per_step = decode_bytes_per_step(c, model_cfg, s, min(refilled, rows) if refilled else rows, mesh)
             # with slots, the steps a call takes depend on the response lengths: no estimate
             decode_s = (s.response_tokens * per_step / chip.hbm_bandwidth
-                        if chip.hbm_bandwidth is not None and not slots else None)
+                        if chip.hbm_bandwidth is not None and not refilled else None)
             extra = {"rows": rows, "calls_per_step": calls, "decode_bytes_per_step_per_device": int(per_step),
                      "decode_s_at_hbm_bandwidth": decode_s,
                      "sampling_s_per_step_at_hbm_bandwidth": None if decode_s is None else calls * decode_s}
