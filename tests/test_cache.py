@@ -1,11 +1,14 @@
 """The explicit KV cache: prefill then decode equals one full forward; causality."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from r3jax import model as rm
 from r3jax.model import attention
+from r3jax.model import cache as kv_cache
 
 
 def test_prefill_then_decode_equals_full_forward():
@@ -88,3 +91,30 @@ def test_rows_with_their_own_write_slot_equal_rows_decoded_alone():
     hidden, cache = model.hidden_states(new, cache=cache)
     np.testing.assert_allclose(np.asarray(hidden), np.concatenate(alone), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(cache.mask)[:, :6], [[1, 1, 1, 1, 1, 0], [1] * 6])
+
+
+@pytest.mark.parametrize("per_layer", [False, True], ids=["stacked", "per_layer"])
+def test_rows_reading_a_shared_prefix_equal_rows_holding_their_own_copy(per_layer):
+    """Two ragged, left-padded prompts, 3 rows each: decoding 3 tokens over a cache whose `Prefix` holds each
+    prompt once (and whose own slots hold only the new tokens) gives the hidden states and positions of rows
+    whose caches each hold a copy of their prompt."""
+    config = rm.tiny()
+    model = rm.init_model(config, seed=6)
+    rng = np.random.RandomState(3)
+    q, g, n, m = 2, 3, 5, 3
+    prompt = rng.randint(0, config.vocab_size, (q, n))
+    prompt_mask = np.ones((q, n), bool)
+    prompt_mask[1, :2] = False
+    new = rng.randint(0, config.vocab_size, (q * g, m))
+
+    _, once = model.hidden_states(prompt, prompt_mask, cache=rm.init_cache(config, batch=q, max_length=n))
+    copies = rm.init_cache(config, batch=q * g, max_length=n + m)
+    _, copies = model.hidden_states(np.repeat(prompt, g, 0), np.repeat(prompt_mask, g, 0), cache=copies)
+    shared = rm.init_cache(config, batch=q * g, max_length=m, per_layer=2 if per_layer else 0)
+    shared = dataclasses.replace(shared, prefix=kv_cache.as_prefix(once.k, once.v, once.mask, shared))
+    layers = model.unstack_layers() if per_layer else None
+    for i in range(m):
+        want, copies = model.hidden_states(new[:, i:i + 1], cache=copies)
+        got, shared = model.hidden_states(new[:, i:i + 1], cache=shared, layers=layers)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    assert int(shared.index) == m and shared.max_length == m

@@ -147,3 +147,15 @@ def test_decode_reads_the_cache_blocks_below_the_longest_row(monkeypatch):
     assert memory_plan.sampler_flops(m, shapes, 8) == pytest.approx(prefill + decode)
     monkeypatch.setattr(memory_plan.attention, "CACHE_BLOCK", 256)  # one block holds it all
     assert memory_plan.decode_slots(shapes) == 14
+
+
+def test_a_shared_prompt_is_read_once_for_its_samples(monkeypatch):
+    """With the prompt a shared prefix (`slots.shares_prompts`), a decode step scores the whole prompt and the
+    response blocks below the longest row, but reads the prompt from memory once for its G samples. Prompt 4,
+    10 steps, blocks of 4: 4 + (4, 4, 4, 4, 8, 8, 8, 8, 10, 10) = 10.8 slots scored; read 10.8 - 4 + 4 / 4."""
+    monkeypatch.setattr(memory_plan.attention, "CACHE_BLOCK", 4)
+    shapes = memory_plan.Shapes(prompts=2, slots=0, samples=4, prompt_tokens=4, response_tokens=10,
+                                num_questions=2, replay_k=0)
+    assert memory_plan.decode_slots(shapes, shared=True) == pytest.approx(10.8)
+    assert memory_plan.decode_read_slots(shapes, shared=True) == pytest.approx(7.8)
+    assert memory_plan.decode_read_slots(shapes) == memory_plan.decode_slots(shapes) == pytest.approx(10.8)

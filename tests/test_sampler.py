@@ -9,7 +9,7 @@ from conftest import write_hf_checkpoint
 
 from r3jax import model as rm
 from r3jax.model import attention, sharding
-from r3jax.sampling import generate, sampler
+from r3jax.sampling import generate, sampler, slots
 
 VOCAB = 128
 
@@ -189,18 +189,50 @@ def test_no_recompilation_for_same_shapes(checkpoint):
     assert len(compiles) == before
 
 
-def test_sharded_run_equals_single_device(checkpoint):
+@pytest.mark.parametrize("unroll", [True, False], ids=["per_layer_cache", "stacked_cache"])
+def test_sharded_run_equals_single_device(checkpoint, unroll):
+    """4 prompts x 2 samples on a mesh that splits rows over 4 devices: each device's rows read their prompt
+    from its shared copy (`slots.shares_prompts`), in the per-layer cache and in the stacked one (TPU's)."""
     folder, _, model = checkpoint
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded, _ = rm.load_pretrained(folder, mesh=mesh, sharding_mode="sample")
     tokens, mask = prompts()
     tokens, mask = np.concatenate([tokens, tokens[:1]]), np.concatenate([mask, mask[:1]])  # 4 prompts
-    a = generate(model, tokens, mask, jax.random.key(6), max_new_tokens=8, num_samples=2, eos_ids=(5,))
-    b = generate(sharded, tokens, mask, jax.random.key(6), max_new_tokens=8, num_samples=2, eos_ids=(5,))
+    assert slots.shares_prompts(4, 2, (8,), mesh)
+    kw = dict(max_new_tokens=8, num_samples=2, eos_ids=(5,), unroll_layers=unroll)
+    a = generate(model, tokens, mask, jax.random.key(6), **kw)
+    b = generate(sharded, tokens, mask, jax.random.key(6), **kw)
     for x in jax.tree.leaves(b):  # every output split by row, as the prompts are
         assert x.sharding.spec[0] == ("data", "fsdp")
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.entropies), np.asarray(b.entropies), atol=1e-5)
+
+
+def test_only_a_static_batch_of_samples_shares_its_prompts():
+    """A shared prompt needs each prompt's G rows side by side in their slots (a static batch), G > 1, and on a
+    mesh the prompts split over the devices as the rows are."""
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)  # rows split over 4 devices
+    assert slots.shares_prompts(3, 2, (6,), None)
+    assert not slots.shares_prompts(3, 1, (3,), None)      # one sample: nothing to share
+    assert not slots.shares_prompts(3, 2, (4, 1), None)    # refilled slots: any row in any slot
+    assert slots.shares_prompts(8, 2, (16,), mesh)
+    assert not slots.shares_prompts(6, 2, (12,), mesh)     # 4 devices do not split 6 prompts
+
+
+def test_a_static_batch_holds_each_prompt_once(checkpoint):
+    """The compiled static program (stacked cache, as on TPU) keeps the prompts' keys and values [L, P, K, Tp,
+    H] once, and each row's own cache only its response: no [L, P·G, K, Tp + T, H] buffer of prompt copies."""
+    _, _, model = checkpoint
+    tokens, mask = prompts()  # 3 prompts of 6 slots
+    c = model.config
+    cfg = sampler.SamplingConfig(max_new_tokens=9, num_samples=4, unroll_layers=False)
+    widths, groups = sampler.schedule(3, 4, None)
+    hlo = sampler._generate.lower(*rm.split_params(model)[:1], cfg, widths, groups, rm.split_params(model)[1],
+                                  tokens, mask, jax.random.key(0)).compile().as_text()
+    layers, kv, h = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+    assert f"f32[{layers},3,{kv},6,{h}]" in hlo
+    assert f"f32[{layers},12,{kv},9,{h}]" in hlo
+    assert f"f32[{layers},12,{kv},15,{h}]" not in hlo
 
 
 @pytest.mark.parametrize("unroll", [True, False], ids=["per_layer_cache", "stacked_cache"])

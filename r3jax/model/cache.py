@@ -13,6 +13,30 @@ from r3jax.model.config import ModelConfig
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class Prefix:
+    """Keys and values that every row of a group attends to first, held once per group: the G samples of one
+    prompt share their prompt's. Rows are group-major (rows [g·G, (g + 1)·G) continue prefix g).
+
+    k, v:   [L, Q, K, P, H] (stacked, as a stacked `Cache`), or per layer (as a per-layer `Cache`) tuples over
+            the L layers: keys [Q, K, H, P] (slots last), values [Q, K, P, H]
+    mask:   [Q, P] bool, True where a slot holds a real token
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+
+    def layer(self, layer) -> tuple[jax.Array, jax.Array]:
+        """Layer `layer`'s (keys, values), in the layout of the cache they go with."""
+        return self.k[layer], self.v[layer]
+
+    def real_tokens(self, rows: int) -> jax.Array:
+        """[rows] int32: the real tokens of each row's prefix (rows group-major)."""
+        return jnp.repeat(self.mask.sum(-1, dtype=jnp.int32), rows // self.mask.shape[0])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Cache:
     """Keys and values of every layer, plus which slots hold real tokens.
 
@@ -31,12 +55,16 @@ class Cache:
             prompt batch stays aligned and decoding writes one column per step. Or [B] int32: each row
             writes at its own slot (a sampler that refills finished rows mixes rows of different ages);
             a row whose index is past the end writes nothing.
+    prefix: None, or a `Prefix` that each group of rows attends to before its own slots (its keys and values
+            held once, not copied into every row: the sampler's G samples of a prompt). The slots above then
+            hold only what follows it, and positions continue from the prefix's real tokens.
     """
 
     k: jax.Array
     v: jax.Array
     mask: jax.Array
     index: jax.Array
+    prefix: Prefix | None = None
 
     @property
     def max_length(self) -> int:
@@ -75,6 +103,20 @@ def init_cache(config: ModelConfig, batch: int, max_length: int, dtype=jnp.float
     )
 
 
+def as_prefix(k, v, mask, like: Cache, mesh=None) -> Prefix:
+    """Stacked keys and values [L, Q, K, P, H] and mask [Q, P] (a prompt batch's own cache) as a `Prefix` in
+    the layout of the cache `like` (per layer: tuples, keys slots last), in its dtype and sharding."""
+    def put(x, like_x, name):
+        x = x.astype(like_x.dtype)
+        return x if mesh is None else sharding.constrain(x, name, mesh)
+
+    if like.per_layer:
+        layers = range(len(like.k))
+        return Prefix(k=tuple(put(k[i].swapaxes(-1, -2), like.k[i][0], "cache_bkhs") for i in layers),
+                      v=tuple(put(v[i], like.v[i][0], "cache_bksh") for i in layers), mask=mask)
+    return Prefix(k=put(k, like.k, "cache_lbksh"), v=put(v, like.v, "cache_lbksh"), mask=mask)
+
+
 def positions_from_mask(mask_bt: jax.Array, offset_b: jax.Array | int = 0) -> jax.Array:
     """RoPE positions: each real token's index among the real tokens of its row (+ offset).
 
@@ -107,10 +149,12 @@ def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array
     """Reserves slots [index, index + T) for T new tokens.
 
     Returns the cache with its mask and index advanced (k and v are written layer by layer later),
-    the new tokens' positions [B, T], and their attention mask over the cache [B, T, S].
+    the new tokens' positions [B, T], and their attention mask over the cache [B, T, S] (with a prefix,
+    [B, T, P + S]: its P slots first, every one of a row's real prefix tokens visible to all T).
     """
     b, t = mask_bt.shape
-    positions = positions_from_mask(mask_bt, cache.mask.sum(-1))
+    before = cache.mask.sum(-1) if cache.prefix is None else cache.mask.sum(-1) + cache.prefix.real_tokens(b)
+    positions = positions_from_mask(mask_bt, before)
     query_slot = _query_slots(cache.index, t)
     if cache.index.ndim == 0:
         new_mask = jax.lax.dynamic_update_slice(cache.mask, mask_bt.astype(bool), (0, cache.index))
@@ -119,6 +163,9 @@ def write(cache: Cache, mask_bt: jax.Array) -> tuple[Cache, jax.Array, jax.Array
         new_mask = cache.mask.at[rows, query_slot].set(mask_bt.astype(bool), mode="drop")
     slot = jnp.arange(cache.max_length)
     attn = new_mask[:, None, :] & (slot[None, None, :] <= query_slot[:, :, None])
+    if cache.prefix is not None:
+        seen = jnp.repeat(cache.prefix.mask, b // cache.prefix.mask.shape[0], axis=0)  # [B, P]
+        attn = jnp.concatenate([jnp.broadcast_to(seen[:, None], (b, t, seen.shape[1])), attn], axis=-1)
     return dataclasses.replace(cache, mask=new_mask, index=cache.index + t), positions, attn
 
 

@@ -94,9 +94,10 @@ class Attention(nnx.Module):
         """Attends over the new tokens alone (kv None), after a prefix's keys and values (prefix: k, v
         [B, K, P, H]; mask_bts [B, T, P + T] then covers [prefix | new]), or over layer `layer` of the full
         cache (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot `index`;
-        then only the cache's first `bound` slots are read. in_out: the weights are in the decode layout
-        (`EQUATIONS`). Returns (out, kv): without a cache, kv is the new tokens' own keys and values
-        ([B, K, T, H] each), which a later call can take as its prefix."""
+        then only the cache's first `bound` slots are read, after the layer's keys and values of the cache's
+        shared prefix if it has one (prefix: `cache.Prefix.layer`; mask_bts [B, T, P + S]). in_out: the
+        weights are in the decode layout (`EQUATIONS`). Returns (out, kv): without a cache, kv is the new
+        tokens' own keys and values ([B, K, T, H] each), which a later call can take as its prefix."""
         w = lambda p: p[...].astype(self.dtype)  # noqa: E731
         eq = EQUATIONS[in_out]
         b, t, d = x_btd.shape
@@ -118,7 +119,7 @@ class Attention(nnx.Module):
             out = attend(q, keys, values, mask_bts, self.query_block)
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
-            out = attend_cached(q, kv, layer, mask_bts, bound)
+            out = attend_cached(q, kv, layer, mask_bts, bound, prefix=prefix)
         out = sharding.constrain(out, "act_btnh", self.mesh)
         if in_out:  # [heads, H, D] as an [N·H, D] matrix
             return project(out.reshape(b, t, -1), eq["o"], w(self.o_proj).reshape(-1, d)), kv

@@ -124,12 +124,15 @@ class Qwen2(nnx.Module):
             cache, positions, mask_bts = kv_cache.write(cache, mask_bt)
         tables = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
         x = self._embed(tokens_bt)
+        prefix = None if cache is None else cache.prefix  # a shared prefix each group of rows reads first
         if layers is None:
-            x, kv, _ = self._scan_layers(x, tables, mask_bts, kv, index, bound)
+            x, kv, _ = self._scan_layers(x, tables, mask_bts, kv, index, bound,
+                                         prefix=None if prefix is None else (prefix.k, prefix.v))
         else:
             layer_graphdef = nnx.graphdef(self.layers)
             for i, params in enumerate(layers):
-                x, new = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound, in_out=True)
+                x, new = nnx.merge(layer_graphdef, params)(x, tables, mask_bts, kv, i, index, bound, in_out=True,
+                                                           prefix=None if prefix is None else prefix.layer(i))
                 kv = new if cache is not None else None  # without a cache: the layer's own keys, not a cache
         if cache is not None:
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
@@ -187,14 +190,14 @@ class Qwen2(nnx.Module):
         The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place. Without a
         cache, prefix (k, v [L, Q, K, P, H]) gives each layer the keys and values its tokens attend to first
         (row b those of prefix prefix_rows[b], gathered inside the layer: no [L, B, ...] copy, nor its
-        gradient, is ever formed), and emit returns every layer's own (k, v [L, B, K, T, H]). Returns (x, kv,
-        emitted or None)."""
+        gradient, is ever formed); with one, it is the cache's shared prefix (`cache.Prefix`). emit returns
+        every layer's own (k, v [L, B, K, T, H]). Returns (x, kv, emitted or None)."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, per_layer):
             x, kv = carry
             params, layer, layer_prefix = per_layer
-            if layer_prefix is not None:
+            if layer_prefix is not None and prefix_rows is not None:
                 layer_prefix = tuple(jnp.take(p, prefix_rows, axis=0) for p in layer_prefix)
             x, new = nnx.merge(graphdef, params)(x, tables, mask_bts, kv, layer, index, bound, prefix=layer_prefix)
             if kv is not None:

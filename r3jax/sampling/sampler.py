@@ -137,12 +137,14 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: in
               prompt_mask, key) -> tuple[Rollout, dict]:
     model = nnx.merge(graphdef, params)
     prompts = _prefill(model, prompt_tokens, prompt_mask)
-    state = _init_state(model, cfg, widths[0], groups, prompts, key)
+    # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill;
+    # its G samples of a prompt then read the prompt from one copy (`slots.shares_prompts`)
+    shared = seating.shares_prompts(prompt_tokens.shape[0], cfg.num_samples, widths, model.mesh)
+    state = _init_state(model, cfg, widths[0], groups, prompts, key, shared)
     layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
-    # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill
     refills = widths != (prompt_tokens.shape[0] * cfg.num_samples,)
     if not refills:
-        state = seating.seat_all(cfg.num_samples, prompts, state, model.mesh)
+        state = seating.seat_all(cfg.num_samples, prompts, state, model.mesh, shared=shared)
     step_fn = functools.partial(_decode_step, model, cfg, layers, prompts, refills=refills)
     for narrower in (*widths[1:], 0):
         state = jax.lax.while_loop(functools.partial(seating.keep_width, narrower), step_fn, state)
@@ -167,17 +169,18 @@ def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
     return PromptCache(k=cache.k, v=cache.v, mask=cache.mask, logits=logits)
 
 
-def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, groups: int, prompts: PromptCache, key
-                ) -> SamplingState:
+def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, groups: int, prompts: PromptCache, key,
+                shared: bool = False) -> SamplingState:
     """Every slot free and every row waiting: the first refill (before the loop for one static batch, else
-    in the first step) hands out the first B rows."""
+    in the first step) hands out the first B rows. shared: the prompts will be the cache's shared prefix
+    (`slots.seat_all`), and a slot's own cache holds only its response."""
     n, (p, tp) = cfg.max_new_tokens, prompts.mask.shape
-    rows = p * cfg.num_samples
+    rows, own = p * cfg.num_samples, (0 if shared else tp)  # own: the prompt slots each slot holds itself
     # per layer when the loop runs the layers unrolled on a CPU: each layer reads its own buffers, no copy out of
     # a stack, and its head (the prompt and the first HEAD_RESPONSE_SLOTS response tokens) where it is
-    head = tp + HEAD_RESPONSE_SLOTS if cfg.unroll_layers and _platform(model) == "cpu" else 0
-    cache = kv_cache.init_cache(model.config, slots, tp + n, model.dtype, model.mesh, per_layer=head)
-    cache = dataclasses.replace(cache, index=jnp.full((slots,), tp + n, jnp.int32))
+    head = own + HEAD_RESPONSE_SLOTS if cfg.unroll_layers and _platform(model) == "cpu" else 0
+    cache = kv_cache.init_cache(model.config, slots, own + n, model.dtype, model.mesh, per_layer=head)
+    cache = dataclasses.replace(cache, index=jnp.full((slots,), own + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731
     return SamplingState(
         step=jnp.zeros((), jnp.int32), slot_steps=jnp.zeros((), jnp.int32), next_row=jnp.zeros((groups,), jnp.int32),
@@ -207,7 +210,8 @@ def _decode_step(model: Qwen2, cfg: SamplingConfig, layers, prompts: PromptCache
     ended = jnp.isin(token, jnp.asarray(cfg.eos_ids, jnp.int32)) if cfg.eos_ids else jnp.zeros_like(live)
     length = state.length + live.astype(jnp.int32)
     # An idle slot's index is past the cache: it writes nothing and its attention reads nothing extra.
-    cache = dataclasses.replace(state.cache, index=jnp.where(live, tp + state.length, tp + n))
+    own = 0 if state.cache.prefix is not None else tp  # the prompt slots in the slot's own cache
+    cache = dataclasses.replace(state.cache, index=jnp.where(live, own + state.length, own + n))
     hidden, cache = model.hidden_states(token[:, None], live[:, None], cache=cache, layers=layers)
     return dataclasses.replace(
         state, step=state.step + 1, slot_steps=state.slot_steps + live.shape[0], length=length,

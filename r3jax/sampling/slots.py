@@ -35,7 +35,8 @@ class SamplingState:
     """The decode loop's carry: B slots decoding, N = P * G rollout rows to fill.
 
     A slot holds one row at a time: its cache is the row's prompt (slots [0, Tp)) then its response (slot
-    Tp + t holds response token t). A slot whose row has ended takes the next row that has not started.
+    Tp + t holds response token t); or, when the rows share their prompts (`shares_prompts`), the response
+    alone (slot t), the prompts held once in the cache's `Prefix`. A slot whose row has ended takes the next row that has not started.
     Outputs are kept per row, so the result does not depend on which slot decoded which row. With D row groups,
     the slots and rows are D equal blocks, and block d's slots decode only block d's rows.
     """
@@ -161,13 +162,27 @@ def refill(samples: int, prompts: PromptCache, state: SamplingState) -> Sampling
         cache=dataclasses.replace(cache, k=k, v=v, mask=mask), logits=logits)
 
 
-def seat_all(samples: int, prompts: PromptCache, state: SamplingState, mesh) -> SamplingState:
+def shares_prompts(prompts: int, samples: int, widths: tuple[int, ...], mesh) -> bool:
+    """Whether a call's rows read their prompts from one shared copy (`cache.Prefix`, `seat_all`): a static
+    batch (every row seated once, row r in slot r, so each prompt's G samples are neighbours) of G > 1
+    samples, whose prompts split over the devices as its rows do (D dividing P: a device's rows then
+    continue its own prompts)."""
+    return samples > 1 and widths == (prompts * samples,) and prompts % row_shards(mesh) == 0
+
+
+def seat_all(samples: int, prompts: PromptCache, state: SamplingState, mesh, *, shared: bool = False
+             ) -> SamplingState:
     """`refill` of an all-free cache with every row (row r in slot r), its cache built from the prompts' in one
     piece rather than written into zeros (the 1.5B sampler's TPU program, v5e:4x8: 6.0 -> 4.6 GiB a chip; with
     the refill `cond` in every step, as for slots, 7.0). A per-layer cache's heads are built so; its tails
-    stay empty."""
-    g, rows, tp = samples, state.row.shape[0], prompts.mask.shape[1]
+    stay empty. shared (`shares_prompts`): the prompts' caches become the cache's `Prefix`, held once for
+    their G rows, whose own slots (the cache's, all of them) are left for the responses."""
+    g, tp = samples, prompts.mask.shape[1]
     cache = state.cache
+    if shared:
+        cache = dataclasses.replace(cache, prefix=kv_cache.as_prefix(prompts.k, prompts.v, prompts.mask, cache,
+                                                                        mesh))
+        return _seated(state, cache, jnp.repeat(prompts.logits, g, axis=0))
 
     def seated(x, like, name, keys_last=False):  # [(L,) P, K, Tp, H] -> [(L,) P·G, K, S', H] as `like` (S' slots)
         slots = like.shape[-1] if keys_last else like.shape[-2]
@@ -182,11 +197,15 @@ def seat_all(samples: int, prompts: PromptCache, state: SamplingState, mesh) -> 
     else:
         k, v = seated(prompts.k, cache.k, "cache_lbksh"), seated(prompts.v, cache.v, "cache_lbksh")
     mask = jnp.pad(jnp.repeat(prompts.mask, g, axis=0), ((0, 0), (0, cache.max_length - tp)))
-    groups = state.next_row.shape[0]
+    return _seated(state, dataclasses.replace(cache, k=k, v=v, mask=mask), jnp.repeat(prompts.logits, g, axis=0))
+
+
+def _seated(state: SamplingState, cache: kv_cache.Cache, logits) -> SamplingState:
+    """Every row in its slot (row r in slot r), none waiting."""
+    rows, groups = state.row.shape[0], state.next_row.shape[0]
     return dataclasses.replace(state, next_row=jnp.full((groups,), rows // groups, jnp.int32),
                                row=jnp.arange(rows, dtype=jnp.int32), length=jnp.zeros_like(state.length),
-                               free=jnp.zeros_like(state.free), cache=dataclasses.replace(cache, k=k, v=v, mask=mask),
-                               logits=jnp.repeat(prompts.logits, g, axis=0))
+                               free=jnp.zeros_like(state.free), cache=cache, logits=logits)
 
 
 def narrow(state: SamplingState, width: int) -> SamplingState:

@@ -183,30 +183,48 @@ def train_flops(c, m: rm.ModelConfig, s: Shapes) -> float:
     return s.loss_rows * seq * (3 * forward + recomputed)
 
 
-def decode_slots(s: Shapes) -> float:
+def decode_slots(s: Shapes, shared: bool = False) -> float:
     """Cache slots a decode step's attention reads, averaged over the steps: the `attention.CACHE_BLOCK` blocks
     below the longest live row, which at step t holds prompt + t slots when that row runs to the budget (R1's
-    truncated rows do; a call whose rows all end sooner stops sooner and reads less)."""
-    block, whole = attention.CACHE_BLOCK, s.prompt_tokens + s.response_tokens
-    filled = s.prompt_tokens + np.arange(1, s.response_tokens + 1)
+    truncated rows do; a call whose rows all end sooner stops sooner and reads less). shared: the prompt is
+    the cache's shared prefix (`slots.shares_prompts`), read whole, and only the response slots in blocks."""
+    block, steps = attention.CACHE_BLOCK, np.arange(1, s.response_tokens + 1)
+    if shared:
+        return s.prompt_tokens + float(np.minimum(s.response_tokens, -(-steps // block) * block).mean())
+    whole, filled = s.prompt_tokens + s.response_tokens, s.prompt_tokens + steps
     return float(np.minimum(whole, -(-filled // block) * block).mean())
 
 
-def sampler_flops(m: rm.ModelConfig, s: Shapes, rows: int) -> float:
+def decode_read_slots(s: Shapes, shared: bool = False) -> float:
+    """Cache slots a decode step reads per row from memory (`decode_slots`), where a shared prompt is read once
+    for its G samples."""
+    if shared:
+        return decode_slots(s, shared) - s.prompt_tokens + s.prompt_tokens / s.samples
+    return decode_slots(s)
+
+
+def sampler_shares_prompts(c, s: Shapes, mesh) -> bool:
+    """Whether the plan's sampler call reads its prompts from a shared prefix (`slots.shares_prompts`)."""
+    rows = sampler_rows(c, s)
+    widths = slots.loop_widths(rows, c.get("sampling_slots", 0) or None, mesh)
+    return slots.shares_prompts(rows // s.samples, s.samples, widths, mesh)
+
+
+def sampler_flops(m: rm.ModelConfig, s: Shapes, rows: int, shared: bool = False) -> float:
     prefill = rows // s.samples * s.prompt_tokens * forward_flops_per_token(m, s.prompt_tokens)
-    return prefill + rows * s.response_tokens * forward_flops_per_token(m, decode_slots(s))
+    return prefill + rows * s.response_tokens * forward_flops_per_token(m, decode_slots(s, shared))
 
 
-def decode_bytes_per_step(c, m: rm.ModelConfig, s: Shapes, rows: int, mesh) -> float:
+def decode_bytes_per_step(c, m: rm.ModelConfig, s: Shapes, rows: int, mesh, shared: bool = False) -> float:
     """HBM bytes one decode step reads per device, averaged over the steps: the weights it multiplies with
     (whole along fsdp, split by tensor, in the compute dtype) and its rows' KV cache up to the longest live row
-    (`decode_slots`)."""
+    (`decode_read_slots`)."""
     tensor = mesh.shape["tensor"]
     batch = sharding.batch_devices(mesh)
     itemsize = jnp.dtype(c.model.compute_dtype or c.model.dtype).itemsize
     weights = (forward_flops_per_token(m, 0) / 2) * itemsize / tensor
     kv_heads = m.num_key_value_heads / (tensor if m.num_key_value_heads % tensor == 0 else 1)
-    cache = 2 * m.num_hidden_layers * kv_heads * decode_slots(s) * m.head_dim * itemsize
+    cache = 2 * m.num_hidden_layers * kv_heads * decode_read_slots(s, shared) * m.head_dim * itemsize
     return weights + math.ceil(rows / batch) * cache
 
 
@@ -274,14 +292,17 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
             build = functools.partial(compile_sampler, c, rl, model_cfg, graphdef, params, s, mesh)
             calls = -(-s.groups * s.samples // rows)
             refilled = c.get("sampling_slots", 0)  # slots decoding at once (0: all the call's rows)
-            per_step = decode_bytes_per_step(c, model_cfg, s, min(refilled, rows) if refilled else rows, mesh)
+            shared = sampler_shares_prompts(c, s, mesh)
+            per_step = decode_bytes_per_step(c, model_cfg, s, min(refilled, rows) if refilled else rows, mesh,
+                                             shared)
             # with slots, the steps a call takes depend on the response lengths: no estimate
             decode_s = (s.response_tokens * per_step / chip.hbm_bandwidth
                         if chip.hbm_bandwidth is not None and not refilled else None)
-            extra = {"rows": rows, "calls_per_step": calls, "decode_bytes_per_step_per_device": int(per_step),
+            extra = {"rows": rows, "calls_per_step": calls, "shared_prompts": shared,
+                     "decode_bytes_per_step_per_device": int(per_step),
                      "decode_s_at_hbm_bandwidth": decode_s,
                      "sampling_s_per_step_at_hbm_bandwidth": None if decode_s is None else calls * decode_s}
-            flops = sampler_flops(model_cfg, s, rows)
+            flops = sampler_flops(model_cfg, s, rows, shared)
         else:
             raise ValueError(f"unknown program {program!r}: 'train_step' or 'sampler'")
         try:
