@@ -260,18 +260,21 @@ def test_refilled_slots_on_a_mesh_give_the_single_device_rollout(checkpoint, cop
     np.testing.assert_allclose(np.asarray(b.logprobs), np.asarray(a.logprobs), atol=1e-5)
 
 
-def test_refilled_slots_move_no_cache_across_devices(checkpoint):
+@pytest.mark.parametrize("slot_count, widths", [(8, (8, 4)), (None, (24,))], ids=["refilled", "static_shared"])
+def test_sampling_moves_no_cache_across_devices(checkpoint, slot_count, widths):
     """With the rows in per-device groups, seating rows and narrowing the slots gather and scatter within each
-    device's block: no collective of the compiled program (the stacked cache, as on TPU) moves keys, values or
-    cache masks between devices. (Before the groups, seating all-gathered the prompts' keys [L, B, K, 6, 16]
-    and the mask [B, 67]; on the 1.5B v5e:4x8 plan with 256 slots, 12.5 GiB a chip against 4.8 now.)"""
+    device's block, and a static batch's rows read their shared prompts on their own device: no collective of
+    the compiled program (the stacked cache, as on TPU) moves keys, values or cache masks between devices.
+    (Before the groups, seating all-gathered the prompts' keys [L, B, K, 6, 16] and the mask [B, 67]; on the
+    1.5B v5e:4x8 plan with 256 slots, 12.5 GiB a chip against 4.8 now.)"""
     folder, _, _ = checkpoint
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded, _ = rm.load_pretrained(folder, mesh=mesh, sharding_mode="sample")
     tokens, mask = prompts()  # 6 prompt slots
     tokens, mask = np.tile(tokens, (4, 1)), np.tile(mask, (4, 1))
-    widths, groups = sampler.schedule(12, 2, 8, mesh)
-    assert (widths, groups) == ((8, 4), 4)
+    widths_, groups = sampler.schedule(12, 2, slot_count, mesh)
+    assert (widths_, groups) == (widths, 4)
+    assert slots.shares_prompts(12, 2, widths, mesh) == (slot_count is None)
     cfg = sampler.SamplingConfig(max_new_tokens=61, num_samples=2, eos_ids=(3,), unroll_layers=False)  # 67 slots
     graphdef, params = rm.split_params(sharded)
     batch = sharding.named(mesh, "act_bt", tokens.shape)
@@ -279,7 +282,7 @@ def test_refilled_slots_move_no_cache_across_devices(checkpoint):
                                   jax.device_put(mask, batch), jax.random.key(0)).compile().as_text()
     moved = re.findall(r"= (\w+\[[\d,]*\])[^=\n]*? (?:all-gather|all-to-all|collective-permute|all-reduce)\(", hlo)
     assert moved  # the step's own collectives (logits over `tensor`, counts) are there and seen
-    cache_like = re.compile(r"f32\[[\d,]*,(6|67),16\]|f32\[[\d,]*,16,(6|67)\]|pred\[\d+,67\]")
+    cache_like = re.compile(r"f32\[[\d,]*,(6|61|67),16\]|f32\[[\d,]*,16,(6|61|67)\]|pred\[\d+,(6|61|67)\]")
     assert not [shape for shape in moved if cache_like.fullmatch(shape)]
 
 

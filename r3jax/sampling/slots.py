@@ -36,9 +36,10 @@ class SamplingState:
 
     A slot holds one row at a time: its cache is the row's prompt (slots [0, Tp)) then its response (slot
     Tp + t holds response token t); or, when the rows share their prompts (`shares_prompts`), the response
-    alone (slot t), the prompts held once in the cache's `Prefix`. A slot whose row has ended takes the next row that has not started.
-    Outputs are kept per row, so the result does not depend on which slot decoded which row. With D row groups,
-    the slots and rows are D equal blocks, and block d's slots decode only block d's rows.
+    alone (slot t), the prompts held once in the cache's `Prefix`. A slot whose row has ended takes the next
+    row that has not started. Outputs are kept per row, so the result does not depend on which slot decoded
+    which row. With D row groups, the slots and rows are D equal blocks, and block d's slots decode only block
+    d's rows.
     """
 
     step: jax.Array       # [] int32 decode steps run
