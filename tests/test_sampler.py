@@ -190,15 +190,17 @@ def test_no_recompilation_for_same_shapes(checkpoint):
 
 
 @pytest.mark.parametrize("unroll", [True, False], ids=["per_layer_cache", "stacked_cache"])
-def test_sharded_run_equals_single_device(checkpoint, unroll):
-    """4 prompts x 2 samples on a mesh that splits rows over 4 devices: each device's rows read their prompt
-    from its shared copy (`slots.shares_prompts`), in the per-layer cache and in the stacked one (TPU's)."""
+@pytest.mark.parametrize("count, shared", [(4, True), (6, False)], ids=["prompts_shared", "prompts_copied"])
+def test_sharded_run_equals_single_device(checkpoint, unroll, count, shared):
+    """A static batch of 2 samples on a mesh that splits rows over 4 devices: 4 prompts, whose rows read them
+    from one shared copy on their own device (`slots.shares_prompts`), or 6, which 4 devices do not split,
+    each row's cache a copy of its prompt's; in the per-layer cache and in the stacked one (TPU's)."""
     folder, _, model = checkpoint
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded, _ = rm.load_pretrained(folder, mesh=mesh, sharding_mode="sample")
     tokens, mask = prompts()
-    tokens, mask = np.concatenate([tokens, tokens[:1]]), np.concatenate([mask, mask[:1]])  # 4 prompts
-    assert slots.shares_prompts(4, 2, (8,), mesh)
+    tokens, mask = np.tile(tokens, (2, 1))[:count], np.tile(mask, (2, 1))[:count]
+    assert slots.shares_prompts(count, 2, (2 * count,), mesh) == shared
     kw = dict(max_new_tokens=8, num_samples=2, eos_ids=(5,), unroll_layers=unroll)
     a = generate(model, tokens, mask, jax.random.key(6), **kw)
     b = generate(sharded, tokens, mask, jax.random.key(6), **kw)
