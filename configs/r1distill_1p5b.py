@@ -54,8 +54,9 @@ def get_config():
     # Rows per sampler call: 32 prompts x 8 = 2 prompts per batch shard (a chunk's prompts must split over the
     # 16 data x fsdp shards, or its prefill runs replicated); the 1088 rows take 5 calls, the last one padded.
     c.sampling_chunk = 256
-    # Each call decodes until its longest row ends. `--config.sampling_slots=256` refills finished rows' slots
-    # with waiting rows instead (each device's slots its own rows), for calls of 512 rows (4.8 GiB a chip) or
+    # Each call decodes until its longest row ends, its 8 samples of a prompt reading the prompt from one copy
+    # (4.5 GiB a chip). `--config.sampling_slots=256` refills finished rows' slots with waiting rows instead
+    # (each device's slots its own rows, each with a copy of its prompt), for calls of 512 rows (4.8 GiB) or
     # all 1088 (--config.sampling_chunk=0, 8.0 GiB): fewer steps when most responses end well before 8K. Not
     # the default: its speed on TPU is not measured (docs/SCALING.md).
     c.eval.greedy = False                  # DeepScaleR's protocol: T 0.6, top-p 0.95 (eval.py averages 16)
