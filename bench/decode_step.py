@@ -52,7 +52,7 @@ def _steps(graphdef, cfg, steps, params, tokens, mask, key):
     """Prefill, then `steps` decode steps, each followed by a host stamp; returns the final logits."""
     model = nnx.merge(graphdef, params)
     prompts = sampler._prefill(model, tokens, mask)
-    state = sampler._init_state(model, cfg, tokens.shape[0], prompts, key)
+    state = sampler._init_state(model, cfg, tokens.shape[0], 1, prompts, key)  # one row group: one device
     layers = model.unstack_layers()
     step = functools.partial(sampler._decode_step, model, cfg, layers, prompts)
 
