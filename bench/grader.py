@@ -4,6 +4,10 @@ Usage: python bench/grader.py [--rounds 3] [--cases math500 synthetic]
 Real-looking responses: ~3 KB of reasoning, `</think>`, then a boxed answer; half correct, half a
 perturbed answer. The reference is math-verify called directly in this process (no extraction, no
 isolation), so `ratio` = pool throughput per worker / in-process throughput: the cost of isolation.
+Every timed call grades verdicts nobody has cached: `judge` keeps the verdicts it reached, keyed by the
+answer and the references as given, so each call's references carry trailing spaces of their own count
+(stripped before grading: the same work, a new key). Reference parses stay cached, as in a run, where a
+group's G samples share their question's reference.
 """
 
 from __future__ import annotations
@@ -51,12 +55,14 @@ def run(name: str, case: dict, rounds: int):
     finals = [extract.final_answer(r)[0] for r in responses]
     record = {"bench": "grader", "case": name, "batch": len(responses),
               "mean_response_chars": round(sum(map(len, responses)) / len(responses))}
+    calls = iter(range(1, 10**6))
+    fresh = lambda: [r + " " * next(calls) for r in refs]  # noqa: E731  uncached verdicts (module docstring)
     for workers in (1, 2):
         with rewards.GradingPool(workers, timeout_s=5.0) as pool:
-            rewards.grade_batch(responses[:8], refs[:8], grader=pool)  # warm the workers' caches
+            rewards.grade_batch(responses[:8], refs[:8], grader=pool)  # warm the workers (imports, parses)
             timed = alternate({
-                "pool": lambda pool=pool: rewards.grade_batch(responses, refs, grader=pool),
-                "in_process": lambda: [equivalence.judge(a, r) for a, r in zip(finals, refs, strict=True)],
+                "pool": lambda pool=pool: rewards.grade_batch(responses, fresh(), grader=pool),
+                "in_process": lambda: [equivalence.judge(a, r) for a, r in zip(finals, fresh(), strict=True)],
             }, rounds)
         per_worker = len(responses) / timed["pool"]["median_s"] / workers
         inline = len(responses) / timed["in_process"]["median_s"]
