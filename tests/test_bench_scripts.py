@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from r3jax import model as rm
 from r3jax.sampling import sampler
@@ -57,3 +58,19 @@ def test_the_long_tail_bench_counts_the_same_rollouts_in_every_schedule(monkeypa
     assert static["slot_steps"] == 6 * static["steps"] == 6 * static["max_length"]
     for r in (static, slots):
         assert r["utilisation"] == round(r["tokens"] / r["slot_steps"], 3) <= 1
+
+
+def test_the_grader_bench_times_uncached_verdicts(monkeypatch, capsys):
+    """bench/grader.py: every timed call grades answers whose verdicts nobody has cached (`judge` keeps the
+    verdicts it reached), else it would time cache hits after the first call. 8 responses, 2 rounds, the
+    pool with 1 and 2 workers: the in-process side reaches 8 new verdicts per call, 32 in all."""
+    bench = _load("grader")
+    from r3jax.rewards import equivalence
+
+    monkeypatch.setattr(equivalence, "_VERDICTS", {})
+    bench.run("synthetic", dict(batch=8, source="synthetic"), 2)
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(equivalence._VERDICTS) == 2 * 2 * 8
+    for workers in (1, 2):
+        assert record[f"ratio{workers}"] == pytest.approx(record[f"pool{workers}_responses_per_s_per_worker"]
+                                                          / record[f"in_process{workers}_responses_per_s"], rel=0.01)
