@@ -201,13 +201,30 @@ def test_sharded_run_equals_single_device(checkpoint, unroll, count, shared):
     tokens, mask = prompts()
     tokens, mask = np.tile(tokens, (2, 1))[:count], np.tile(mask, (2, 1))[:count]
     assert slots.shares_prompts(count, 2, (2 * count,), mesh) == shared
-    kw = dict(max_new_tokens=8, num_samples=2, eos_ids=(5,), unroll_layers=unroll)
+    kw = dict(max_new_tokens=8, num_samples=2, eos_ids=(5,), unroll_layers=unroll, share_prompts=True)
     a = generate(model, tokens, mask, jax.random.key(6), **kw)
     b = generate(sharded, tokens, mask, jax.random.key(6), **kw)
     for x in jax.tree.leaves(b):  # every output split by row, as the prompts are
         assert x.sharding.spec[0] == ("data", "fsdp")
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.entropies), np.asarray(b.entropies), atol=1e-5)
+
+
+@pytest.mark.parametrize("unroll", [True, False], ids=["per_layer_cache", "stacked_cache"])
+def test_sharing_prompts_changes_no_rollout(checkpoint, unroll):
+    """Six ragged, left-padded prompts x 3 samples with end tokens: read from one shared copy per prompt, or each
+    row from its own, the rollout is the same (tokens and lengths exactly, log-probs and entropies to 1e-6)."""
+    _, _, model = checkpoint
+    tokens, mask = prompts()
+    tokens, mask = np.concatenate([tokens, tokens[::-1]]), np.concatenate([mask, mask[::-1]])
+    kw = dict(max_new_tokens=10, num_samples=3, eos_ids=tuple(range(3, 128, 9)), unroll_layers=unroll)
+    shared, copied = (generate(model, tokens, mask, jax.random.key(5), share_prompts=share, **kw)
+                      for share in (True, False))
+    assert 1 < len(set(np.asarray(shared.lengths).tolist()))  # rows end at different steps
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(copied.tokens))
+    np.testing.assert_array_equal(np.asarray(shared.lengths), np.asarray(copied.lengths))
+    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(copied.logprobs), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(shared.entropies), np.asarray(copied.entropies), atol=1e-6)
 
 
 def test_only_a_static_batch_of_samples_shares_its_prompts():
@@ -227,7 +244,7 @@ def test_a_static_batch_holds_each_prompt_once(checkpoint):
     _, _, model = checkpoint
     tokens, mask = prompts()  # 3 prompts of 6 slots
     c = model.config
-    cfg = sampler.SamplingConfig(max_new_tokens=9, num_samples=4, unroll_layers=False)
+    cfg = sampler.SamplingConfig(max_new_tokens=9, num_samples=4, unroll_layers=False, share_prompts=True)
     widths, groups = sampler.schedule(3, 4, None)
     hlo = sampler._generate.lower(*rm.split_params(model)[:1], cfg, widths, groups, rm.split_params(model)[1],
                                   tokens, mask, jax.random.key(0)).compile().as_text()
@@ -277,7 +294,8 @@ def test_sampling_moves_no_cache_across_devices(checkpoint, slot_count, widths):
     widths_, groups = sampler.schedule(12, 2, slot_count, mesh)
     assert (widths_, groups) == (widths, 4)
     assert slots.shares_prompts(12, 2, widths, mesh) == (slot_count is None)
-    cfg = sampler.SamplingConfig(max_new_tokens=61, num_samples=2, eos_ids=(3,), unroll_layers=False)  # 67 slots
+    cfg = sampler.SamplingConfig(max_new_tokens=61, num_samples=2, eos_ids=(3,), unroll_layers=False,
+                                 share_prompts=True)  # 67 slots (61 with the prompts shared)
     graphdef, params = rm.split_params(sharded)
     batch = sharding.named(mesh, "act_bt", tokens.shape)
     hlo = sampler._generate.lower(graphdef, cfg, widths, groups, params, jax.device_put(tokens, batch),

@@ -120,7 +120,8 @@ def run(model, bench: Benchmark, settings: EvalSettings, *, tokenizer, grader, e
             launched = (batch, generate(model, tokens, mask, jax.random.fold_in(key, batch.ordinal),
                                         max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                         top_p=settings.top_p, eos_ids=eos_ids, num_samples=settings.num_samples,
-                                        valid_vocab=valid_vocab, pad_id=pad_id, slots=settings.slots or None))
+                                        valid_vocab=valid_vocab, pad_id=pad_id, slots=settings.slots or None,
+                                        share_prompts=True))  # without slots, one copy of each prompt
         if pending is not None:
             samples = _grade(bench, *pending, settings, tokenizer, grader)
             out.extend(samples)

@@ -31,7 +31,12 @@ class SamplingConfig:
     temperature 0 decodes greedily; top_k 0 and top_p 1 disable truncation; valid_vocab masks
     logits of ids >= it (the 1.5B model has 151936 rows for 151665 tokenizer ids). unroll_layers:
     decode from per-layer weight copies sliced once before the loop (`Qwen2.unstack_layers`), which
-    is faster; False scans the stacked layers, which compiles faster for deep models.
+    is faster; False scans the stacked layers, which compiles faster for deep models. share_prompts: a
+    static batch's G samples read their prompt from one copy where they can (`slots.shares_prompts`),
+    which is faster; the rollout equals the copied one up to float rounding (the prompt is its own block
+    of the attention's online softmax), so a draw whose number lands within ~1e-6 of a token's CDF
+    boundary can flip. Off by default, so that a key gives bit-identical rollouts whatever `slots`; the
+    training loop and eval.py turn it on.
     """
 
     max_new_tokens: int
@@ -43,6 +48,7 @@ class SamplingConfig:
     valid_vocab: int | None = None
     pad_id: int = 0
     unroll_layers: bool = True
+    share_prompts: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -69,7 +75,8 @@ HEAD_RESPONSE_SLOTS = 128
 
 def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
-             pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None) -> Rollout:
+             pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None,
+             share_prompts: bool = False) -> Rollout:
     """Samples `num_samples` responses for each prompt of a padded [P, Tp] batch.
 
     model_or_params: a `Qwen2` or its `(graphdef, params)`. Prompts may be left- or right-padded and
@@ -77,26 +84,29 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
     N = P * G rows, prompt-major. slots: how many rows decode at once (default all N); when a row ends,
     the next row that has not started takes its slot, so no slot idles while rows are waiting. The same
     key gives the same samples whatever the slot count (each row draws from its own random numbers);
-    the loop stops as soon as every row has produced an end token or max_new_tokens.
+    the loop stops as soon as every row has produced an end token or max_new_tokens. share_prompts: see
+    `SamplingConfig` (a static batch's samples read their prompt from one copy).
 
     Log-probs and entropies describe softmax(logits / temperature) before top-k/top-p truncation
     (R3-SPEC §6); with temperature 0 (greedy) they describe the model's softmax(logits).
     """
     return decode(model_or_params, prompt_tokens, prompt_mask, key, max_new_tokens=max_new_tokens,
                   temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids, num_samples=num_samples,
-                  valid_vocab=valid_vocab, pad_id=pad_id, unroll_layers=unroll_layers, slots=slots)[0]
+                  valid_vocab=valid_vocab, pad_id=pad_id, unroll_layers=unroll_layers, slots=slots,
+                  share_prompts=share_prompts)[0]
 
 
 def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
-           pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None
-           ) -> tuple[Rollout, dict]:
+           pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None,
+           share_prompts: bool = False) -> tuple[Rollout, dict]:
     """`generate`, plus what the decoding cost: {"steps": decode steps, "slot_steps": the sum over steps of the
     slots decoded} ([] int32 each). Slot utilisation = generated tokens / slot_steps."""
     eos_ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(int(e) for e in eos_ids)
     cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                          top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
-                         valid_vocab=valid_vocab, pad_id=_pad_id(pad_id, eos_ids), unroll_layers=bool(unroll_layers))
+                         valid_vocab=valid_vocab, pad_id=_pad_id(pad_id, eos_ids), unroll_layers=bool(unroll_layers),
+                         share_prompts=bool(share_prompts))
     if isinstance(model_or_params, Qwen2):
         graphdef, params = nnx.split(model_or_params)
     elif isinstance(model_or_params, tuple) and len(model_or_params) == 2:
@@ -139,7 +149,8 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: in
     prompts = _prefill(model, prompt_tokens, prompt_mask)
     # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill;
     # its G samples of a prompt then read the prompt from one copy (`slots.shares_prompts`)
-    shared = seating.shares_prompts(prompt_tokens.shape[0], cfg.num_samples, widths, model.mesh)
+    shared = cfg.share_prompts and seating.shares_prompts(prompt_tokens.shape[0], cfg.num_samples, widths,
+                                                          model.mesh)
     state = _init_state(model, cfg, widths[0], groups, prompts, key, shared)
     layers = model.unstack_layers() if cfg.unroll_layers else None  # loop invariants: sliced once
     refills = widths != (prompt_tokens.shape[0] * cfg.num_samples,)

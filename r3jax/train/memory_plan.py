@@ -157,7 +157,8 @@ def compile_sampler(c, rl, model_cfg: rm.ModelConfig, graphdef, params, s: Shape
     prompts = sampler_rows(c, s) // s.samples
     cfg = sampler.SamplingConfig(max_new_tokens=s.response_tokens, temperature=rl.temperature, top_p=c.top_p,
                                  eos_ids=(model_cfg.eos_token_id,), num_samples=s.samples,
-                                 valid_vocab=rl.valid_vocab, pad_id=model_cfg.eos_token_id)
+                                 valid_vocab=rl.valid_vocab, pad_id=model_cfg.eos_token_id,
+                                 share_prompts=True)  # as `rollouts.collect` samples
     placed = sharding.named(mesh, "act_bt", (prompts, s.prompt_tokens))
     tokens = jax.ShapeDtypeStruct((prompts, s.prompt_tokens), jnp.int32, sharding=placed)
     mask = jax.ShapeDtypeStruct((prompts, s.prompt_tokens), bool, sharding=placed)
@@ -204,7 +205,8 @@ def decode_read_slots(s: Shapes, shared: bool = False) -> float:
 
 
 def sampler_shares_prompts(c, s: Shapes, mesh) -> bool:
-    """Whether the plan's sampler call reads its prompts from a shared prefix (`slots.shares_prompts`)."""
+    """Whether the plan's sampler call reads its prompts from a shared prefix (`slots.shares_prompts`; the run's
+    sampler calls ask for it: `rollouts.collect`)."""
     rows = sampler_rows(c, s)
     widths = slots.loop_widths(rows, c.get("sampling_slots", 0) or None, mesh)
     return slots.shares_prompts(rows // s.samples, s.samples, widths, mesh)

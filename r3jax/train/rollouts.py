@@ -201,7 +201,8 @@ def collect(graphdef, params, buffer, bank: QuestionBank, qids: np.ndarray, epoc
                       sample_key if len(calls) == 1 else jax.random.fold_in(sample_key, c),
                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
                       eos_ids=settings.eos_ids, num_samples=g, valid_vocab=settings.valid_vocab,
-                      pad_id=settings.pad_id, slots=settings.sampling_slots or None)
+                      pad_id=settings.pad_id, slots=settings.sampling_slots or None,
+                      share_prompts=True)  # a static call's G samples read their prompt from one copy
              for c, (_, call_tokens, call_mask, _) in enumerate(calls)]   # dispatched, not yet done
     graded, texts, grade_s = [], [], 0.0
     for (group_prompts, _, _, kept), part in zip(calls, parts, strict=True):
