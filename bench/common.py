@@ -75,3 +75,21 @@ def serve(out, timed: dict, queries: dict, ready: dict) -> None:
         else:
             reply = queries[op](**request)
         print(json.dumps(reply), file=out, flush=True)
+
+
+def check_python(python: str, modules: tuple[str, ...], flag: str, recipe: str) -> str:
+    """Fails before any timed run when `python` (another virtualenv's interpreter, from `flag`) is missing or
+    cannot import `modules`, saying how to make it (`recipe`). Returns the first module's __version__."""
+    import subprocess
+
+    probe = f"import {', '.join(modules)}; print(getattr({modules[0]}, '__version__', '?'))"
+    try:
+        got = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=600)
+    except (FileNotFoundError, PermissionError) as e:
+        raise SystemExit(f"{flag} {python}: {e.strerror}. Make that virtualenv with\n    {recipe}\n"
+                         f"or pass {flag} PATH") from None
+    if got.returncode:
+        raise SystemExit(f"{flag} {python} cannot import {', '.join(modules)}:\n{got.stderr.strip()[-1500:]}\n"
+                         f"Make that virtualenv with\n    {recipe}")
+    return got.stdout.strip()
+

@@ -46,7 +46,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from common import emit  # noqa: E402  (bench/common.py: stdlib only, so the TRL venv imports it too)
+from common import check_python, emit  # noqa: E402  (bench/common.py: stdlib only, so the TRL venv imports it too)
 
 TOKENIZER = REPO / "configs" / "tiny" / "tokenizer"
 QUESTIONS = REPO / "configs" / "arith" / "train.jsonl"
@@ -127,7 +127,23 @@ def summarize(name: str, runs: list[dict], skip: int) -> dict:
     return out
 
 
+TRL_VENV = ("python3 -m venv /work/venvs/trl && /work/venvs/trl/bin/pip install trl==1.16.0 torch==2.13.0 "
+            "math-verify==0.9.0")
+
+
+def check_arguments(args) -> None:
+    """Fails before the first timed run (each takes minutes) on what would fail later: a missing or incomplete TRL
+    venv, or a step count that leaves no steady step for the medians."""
+    if args.rounds < 1 or args.skip < 0 or args.steps <= args.skip:
+        raise SystemExit(f"need --rounds >= 1 and --steps > --skip >= 0 (steady steps for the medians), got "
+                         f"--rounds {args.rounds} --steps {args.steps} --skip {args.skip}")
+    got = check_python(args.trl_python, ("trl", "torch", "math_verify"), "--trl_python", TRL_VENV)
+    if got != "1.16.0":
+        print(f"note: --trl_python has trl {got}; the bench was written against 1.16.0", file=sys.stderr, flush=True)
+
+
 def driver(args) -> None:
+    check_arguments(args)
     folder = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="grpo_step_")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     model_dir, data = make_inputs(folder, args.seed)

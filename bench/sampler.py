@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import case_parser, emit, protocol_out, serve  # noqa: E402
+from common import case_parser, check_python, emit, protocol_out, serve  # noqa: E402
 
 VOCAB, PROMPT = 2048, 32
 CASES = {
@@ -358,6 +358,10 @@ def run(name: str, case: dict, args) -> dict:
     return record
 
 
+TUNIX_VENV = ('python3 -m venv /work/venvs/tunix && /work/venvs/tunix/bin/pip install google-tunix==0.1.7 '
+              '"safetensors<0.8" torch==2.13.0')
+
+
 def main() -> None:
     parser = case_parser(CASES, default_rounds=3)
     parser.add_argument("--tunix_python", default=None,
@@ -375,6 +379,8 @@ def main() -> None:
         worker = {"r3jax": worker_r3jax, "transformers": worker_transformers}[args.worker]
         worker(out, args.folder, CASES[args.case], args.torch_threads)
         return
+    if args.tunix_python:  # before any case: each takes minutes
+        check_python(args.tunix_python, ("tunix", "jax", "safetensors"), "--tunix_python", TUNIX_VENV)
     for name in args.cases:
         run(name, CASES[name], args)
 

@@ -74,3 +74,26 @@ def test_the_grader_bench_times_uncached_verdicts(monkeypatch, capsys):
     for workers in (1, 2):
         assert record[f"ratio{workers}"] == pytest.approx(record[f"pool{workers}_responses_per_s_per_worker"]
                                                           / record[f"in_process{workers}_responses_per_s"], rel=0.01)
+
+
+def test_a_missing_reference_venv_fails_before_any_timed_run(tmp_path):
+    """bench/common.check_python (grpo_step's --trl_python, sampler's --tunix_python): a path that is no
+    interpreter, or one that lacks a module, ends the bench at once with the flag, the module and the recipe
+    for the venv, instead of after the first system's minutes of timed runs."""
+    common = _load("common")
+    with pytest.raises(SystemExit, match=r"--trl_python .*nothing.*\n.*pip install trl"):
+        common.check_python(str(tmp_path / "nothing"), ("json",), "--trl_python", "pip install trl")
+    missing = r"--tunix_python .* cannot import json, no_such_module_r3jax(.|\n)*pip install tunix"
+    with pytest.raises(SystemExit, match=missing):
+        common.check_python(sys.executable, ("json", "no_such_module_r3jax"), "--tunix_python", "pip install tunix")
+    import json as stdlib_json
+    assert common.check_python(sys.executable, ("json",), "--x", "") == stdlib_json.__version__
+
+
+def test_the_grpo_bench_refuses_a_run_with_no_steady_step():
+    """bench/grpo_step.py: --steps must leave steps after the --skip warm-up ones, else its medians are empty."""
+    import argparse
+    bench = _load("grpo_step")
+    args = argparse.Namespace(rounds=1, skip=2, steps=2, trl_python=sys.executable)
+    with pytest.raises(SystemExit, match="--steps > --skip"):
+        bench.check_arguments(args)
