@@ -13,7 +13,8 @@ alternating order (round 1: r3jax GRPO, TRL, r3jax R³; round 2 reversed):
   for `--steps` steps; the split is the loop's own per-step metrics (`time/sample_s`, `time/grade_s`,
   `time/train_s`); a step's wall time is the time between consecutive `metrics.jsonl` rows (the bench wraps
   `Logbook.write` to stamp them), so everything the loop does between steps counts.
-- TRL (`--trl_python`, its own venv: trl 1.16.0, torch 2.13.0 CPU): `GRPOTrainer.train()` for `--steps` steps.
+- TRL (`--trl_python`, its own venv: trl 1.16.0, torch 2.13.0 CPU; skipped, with null ratios, when no
+  --trl_python is given and /work/venvs/trl does not exist): `GRPOTrainer.train()` for `--steps` steps.
   sample = time in `_generate_single_turn` (transformers `generate`), grade = time in the reward function,
   train = on_step_begin -> on_step_end minus `_prepare_inputs` (forward, backward, clipping, AdamW), a step's
   wall time = on_step_end to on_step_end.
@@ -127,16 +128,24 @@ def summarize(name: str, runs: list[dict], skip: int) -> dict:
     return out
 
 
+DEFAULT_TRL_PYTHON = "/work/venvs/trl/bin/python"
 TRL_VENV = ("python3 -m venv /work/venvs/trl && /work/venvs/trl/bin/pip install trl==1.16.0 torch==2.13.0 "
             "math-verify==0.9.0")
 
 
 def check_arguments(args) -> None:
-    """Fails before the first timed run (each takes minutes) on what would fail later: a missing or incomplete TRL
-    venv, or a step count that leaves no steady step for the medians."""
+    """Fails before the first timed run (each takes minutes) on what would fail later: a TRL venv that is asked for
+    (--trl_python, or the default one when it exists) but cannot import TRL, or a step count that leaves no steady
+    step for the medians. Without either venv, TRL is skipped: args.trl_python stays None."""
     if args.rounds < 1 or args.skip < 0 or args.steps <= args.skip:
         raise SystemExit(f"need --rounds >= 1 and --steps > --skip >= 0 (steady steps for the medians), got "
                          f"--rounds {args.rounds} --steps {args.steps} --skip {args.skip}")
+    if args.trl_python is None:
+        if not os.path.exists(DEFAULT_TRL_PYTHON):
+            print(f"note: no TRL venv at {DEFAULT_TRL_PYTHON}: TRL is skipped (its ratios are null). Make it with\n"
+                  f"    {TRL_VENV}\nor pass --trl_python PATH", file=sys.stderr, flush=True)
+            return
+        args.trl_python = DEFAULT_TRL_PYTHON
     got = check_python(args.trl_python, ("trl", "torch", "math_verify"), "--trl_python", TRL_VENV)
     if got != "1.16.0":
         print(f"note: --trl_python has trl {got}; the bench was written against 1.16.0", file=sys.stderr, flush=True)
@@ -154,6 +163,8 @@ def driver(args) -> None:
         "trl/grpo": [args.trl_python, me, "--worker", "trl", "--algorithm", "grpo", *common],
         "r3jax/r3": [sys.executable, me, "--worker", "r3jax", "--algorithm", "r3", *common],
     }
+    if args.trl_python is None:
+        del commands["trl/grpo"]
     runs = {name: [] for name in commands}
     loads = []
     for k in range(args.rounds):
@@ -171,10 +182,13 @@ def driver(args) -> None:
     lines = {name: summarize(name, rs, args.skip) for name, rs in runs.items()}
     for line in lines.values():
         emit(line)
-    trl, grpo, r3 = (lines[n]["median_step_s"] for n in ("trl/grpo", "r3jax/grpo", "r3jax/r3"))
+    grpo, r3 = lines["r3jax/grpo"]["median_step_s"], lines["r3jax/r3"]["median_step_s"]
+    trl = lines["trl/grpo"]["median_step_s"] if "trl/grpo" in lines else None
     versions = {**runs["r3jax/grpo"][0]["versions"], **{f"trl_venv_{k}": v for k, v in
-                                                         runs["trl/grpo"][0]["versions"].items()}}
-    emit({"summary": "grpo_step", "trl_over_r3jax_grpo": round(trl / grpo, 3), "trl_over_r3jax_r3": round(trl / r3, 3),
+                                                         (runs["trl/grpo"][0]["versions"] if trl else {}).items()}}
+    ratio = lambda ours: None if trl is None else round(trl / ours, 3)  # noqa: E731
+    emit({"summary": "grpo_step", "trl_over_r3jax_grpo": ratio(grpo), "trl_over_r3jax_r3": ratio(r3),
+          **({} if trl else {"trl_note": f"skipped: no TRL venv ({DEFAULT_TRL_PYTHON} missing, no --trl_python)"}),
           "steps_per_run": args.steps, "skipped_per_run": args.skip, "rounds": args.rounds, "loadavg": loads,
           "model": {**MODEL, "vocab_size": runs["r3jax/grpo"][0]["vocab_size"]}, "versions": versions,
           "workdir": str(folder)})
@@ -338,7 +352,8 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="first steps of each run left out of the medians")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; odd rounds run the systems in reverse order")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trl_python", default="/work/venvs/trl/bin/python", help="python of the TRL venv")
+    parser.add_argument("--trl_python", default=None,
+                        help=f"python of the TRL venv (default {DEFAULT_TRL_PYTHON}; TRL is skipped if it is missing)")
     parser.add_argument("--workdir", help="where the model, data, logs and runs go (default: a new temp folder)")
     parser.add_argument("--no_lock", action="store_true", help=f"do not take {LOCK} around each timed run")
     # worker side (the driver passes these)

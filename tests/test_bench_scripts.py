@@ -97,3 +97,17 @@ def test_the_grpo_bench_refuses_a_run_with_no_steady_step():
     args = argparse.Namespace(rounds=1, skip=2, steps=2, trl_python=sys.executable)
     with pytest.raises(SystemExit, match="--steps > --skip"):
         bench.check_arguments(args)
+
+
+def test_the_grpo_bench_skips_trl_only_when_no_venv_was_asked_for(monkeypatch, tmp_path):
+    """bench/grpo_step.py without --trl_python and without the default TRL venv runs r3jax alone (TRL null, as
+    sampler.py does without Tunix); a --trl_python that is given but missing is an error, not a skip."""
+    import argparse
+    bench = _load("grpo_step")
+    monkeypatch.setattr(bench, "DEFAULT_TRL_PYTHON", str(tmp_path / "no_venv" / "python"))
+    args = argparse.Namespace(rounds=1, skip=1, steps=3, trl_python=None)
+    bench.check_arguments(args)
+    assert args.trl_python is None
+    with pytest.raises(SystemExit, match="--trl_python"):
+        bench.check_arguments(argparse.Namespace(rounds=1, skip=1, steps=3, trl_python=str(tmp_path / "py")))
+
