@@ -51,8 +51,12 @@ def rusage() -> dict:
     return {"user_s": r.ru_utime, "sys_s": r.ru_stime, "minor_faults": r.ru_minflt}
 
 
-def worker_r3jax(out, folder: str, remat: str) -> None:
-    start = time.perf_counter()
+ENTROPY_WEIGHT = 1e-3  # r3jax's objective: sum(logp) + this x sum(entropy), so the entropy's backward runs too
+
+
+def r3jax_call(folder: str, remat: str):
+    """r3jax's timed call on the folder's weights and tokens. call() runs the jitted value_and_grad of
+    sum(logp) + ENTROPY_WEIGHT x sum(entropy) and returns ((objective, sum(logp)), grads)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -65,23 +69,51 @@ def worker_r3jax(out, folder: str, remat: str) -> None:
     graphdef, params = nnx.split(model)
     tokens = np.load(os.path.join(folder, "tokens.npy"))
     mask = np.ones(tokens.shape, bool)
-    load_s = time.perf_counter() - start
 
     @jax.jit
     def grad(params, tokens, mask):
         def objective(params):
             logp, ent = loss.sequence_logprobs(nnx.merge(graphdef, params), tokens, mask, mask)
-            return jnp.sum(logp) + 1e-3 * jnp.sum(ent)
-        return jax.value_and_grad(objective)(params)
+            return jnp.sum(logp) + ENTROPY_WEIGHT * jnp.sum(ent), jnp.sum(logp)
+        return jax.value_and_grad(objective, has_aux=True)(params)
 
     args = (params, jnp.asarray(tokens), jnp.asarray(mask))
+    return lambda: grad(*args)
+
+
+def torch_call(folder: str):
+    """PyTorch's timed call on the same folder. call() zeroes the gradients, runs the forward with labels (mean
+    cross-entropy over the B x (T - 1) next tokens) and its backward, and returns (loss, model)."""
+    import numpy as np
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    hf = Qwen2ForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
+    ids = torch.tensor(np.load(os.path.join(folder, "tokens.npy")))
+
+    def step():
+        hf.zero_grad(set_to_none=True)
+        out = hf(input_ids=ids, labels=ids).loss
+        out.backward()
+        return out, hf
+
+    return step
+
+
+def worker_r3jax(out, folder: str, remat: str) -> None:
     start = time.perf_counter()
-    jax.block_until_ready(grad(*args))
+    import jax
+    import jax.numpy as jnp
+
+    call = r3jax_call(folder, remat)
+    load_s = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(call())
     first_s = time.perf_counter() - start
     mm = jax.jit(lambda a, b: a @ b)
     a, b = jnp.ones((MATMUL_M, MATMUL_K)), jnp.ones((MATMUL_K, MATMUL_N))
     mm(a, b).block_until_ready()
-    serve(out, {"go": lambda: jax.block_until_ready(grad(*args)), "matmul": lambda: mm(a, b).block_until_ready()},
+    serve(out, {"go": lambda: jax.block_until_ready(call()), "matmul": lambda: mm(a, b).block_until_ready()},
           {"rusage": rusage},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
            "versions": {"jax": jax.__version__}})
@@ -89,19 +121,11 @@ def worker_r3jax(out, folder: str, remat: str) -> None:
 
 def worker_torch(out, folder: str) -> None:
     start = time.perf_counter()
-    import numpy as np
     import torch
     import transformers
-    from transformers import Qwen2ForCausalLM
 
-    hf = Qwen2ForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
-    ids = torch.tensor(np.load(os.path.join(folder, "tokens.npy")))
+    step = torch_call(folder)
     load_s = time.perf_counter() - start
-
-    def step():
-        hf.zero_grad(set_to_none=True)
-        hf(input_ids=ids, labels=ids).loss.backward()
-
     start = time.perf_counter()
     step()
     first_s = time.perf_counter() - start

@@ -111,3 +111,23 @@ def test_the_grpo_bench_skips_trl_only_when_no_venv_was_asked_for(monkeypatch, t
     with pytest.raises(SystemExit, match="--trl_python"):
         bench.check_arguments(argparse.Namespace(rounds=1, skip=1, steps=3, trl_python=str(tmp_path / "py")))
 
+
+
+def test_the_backward_bench_times_the_same_likelihood_in_both_systems(tmp_path, monkeypatch):
+    """bench/train_backward.py's two timed calls on its own folder (a toy Qwen2, 3 x 16 tokens): r3jax's summed
+    log-likelihood is PyTorch's mean cross-entropy times the B x (T - 1) predicted tokens, and with the entropy
+    term's weight at 0 every gradient is PyTorch's times -B x (T - 1): the bench compares one forward and backward."""
+    bench = _load("train_backward")
+    monkeypatch.setattr(bench, "ENTROPY_WEIGHT", 0.0)
+    case = dict(cfg=dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2), batch=3, seq=16)
+    bench.write_folder(str(tmp_path), case)
+    (objective, loglik), grads = bench.r3jax_call(str(tmp_path), "dots")()
+    loss, hf = bench.torch_call(str(tmp_path))()
+    predicted = case["batch"] * (case["seq"] - 1)
+    assert float(loglik) == float(objective) == pytest.approx(-loss.item() * predicted, rel=1e-5)
+    pairs = {"lm_head": hf.lm_head.weight, "embed_tokens": hf.model.embed_tokens.weight}
+    for name, weight in pairs.items():
+        ours, theirs = np.asarray(grads[name][...]), -predicted * weight.grad.numpy()
+        theirs = theirs.T if theirs.shape != ours.shape else theirs
+        np.testing.assert_allclose(ours, theirs, atol=1e-4 * np.abs(theirs).max(), err_msg=name)
