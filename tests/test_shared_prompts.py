@@ -124,3 +124,65 @@ def test_the_prompt_bound_holds_for_every_replay_pick(groups, g, replay_rows, mi
         ids = np.concatenate([np.repeat(np.arange(groups), g), np.asarray(pick, int)])
         worst = max(worst, max(len(set(ids[j * n:(j + 1) * n])) for j in range(micro)))
     assert bound == (worst if worst < n else 0)
+
+
+@pytest.mark.parametrize("remat", ["none", "dots"])
+def test_rows_in_prompt_order_read_their_prompt_by_group_as_by_row(remat):
+    """group_size: the rows are Q groups of G in prompt order (the train step's on-policy rows); each group meets
+    its prompt once per head (`attend_shared_prefix`). Same log-probs, entropies and gradients as the same rows
+    read through per-row prompt ids, and as every row running its own prompt."""
+    m = model(remat)
+    g = B // Q
+    order = np.repeat(np.arange(Q), g)
+    prompt, prompt_mask, rows, mask = prompts_and_rows(5)
+    tokens = np.concatenate([prompt[order], rows], axis=1)
+    attention = np.concatenate([prompt_mask[order], mask], axis=1)
+    response = np.concatenate([np.zeros((B, TP), bool), mask], axis=1)
+    graphdef, params = nnx.split(m)
+    weights = jnp.asarray(np.random.default_rng(6).normal(size=(B, TP + W)), jnp.float32)
+
+    def objective(how, params):
+        mdl = nnx.merge(graphdef, params)
+        if how == "own":
+            logp, ent = loss.sequence_logprobs(mdl, tokens, attention, response)
+        else:
+            logp, ent = loss.shared_prompt_logprobs(mdl, tokens, attention, response, order, prompt_width=TP,
+                                                    num_prompts=Q, group_size=g if how == "groups" else 0)
+        return jnp.sum(weights * (logp + 0.1 * ent)), (logp, ent)
+
+    grad = jax.jit(jax.value_and_grad(objective, argnums=1, has_aux=True), static_argnums=0)
+    (value, (logp, ent)), grads = grad("groups", params)
+    for how in ("ids", "own"):
+        (ref_value, (ref_logp, ref_ent)), ref_grads = grad(how, params)
+        np.testing.assert_allclose(logp, ref_logp, atol=2e-5, err_msg=how)
+        np.testing.assert_allclose(ent, ref_ent, atol=2e-5, err_msg=how)
+        np.testing.assert_allclose(value, ref_value, rtol=1e-5, err_msg=how)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4, err_msg=f"{how} {jax.tree_util.keystr(path)}")
+
+
+def test_groups_must_cover_the_rows():
+    m = model()
+    prompt, prompt_mask, rows, mask = prompts_and_rows()
+    tokens, attention, response = joined(prompt, prompt_mask, rows, mask)
+    with pytest.raises(ValueError, match="group_size 4 x num_prompts 3 must be the 6 rows"):
+        loss.shared_prompt_logprobs(m, tokens, attention, response, ROW_PROMPT, prompt_width=TP, num_prompts=Q,
+                                    group_size=4)
+
+
+@pytest.mark.parametrize("groups, g, replay_rows, micro, narrow", [
+    (4, 2, 0, 1, 0), (4, 2, 0, 2, 0), (4, 2, 0, 4, 0), (4, 2, 0, 8, 0), (4, 2, 4, 2, 0), (8, 8, 0, 1, 6),
+    (10, 8, 0, 2, 8), (10, 8, 16, 2, 8), (3, 4, 0, 3, 2), (4, 1, 0, 1, 0)])
+def test_segments_read_prompts_by_group_exactly_when_their_micro_batches_are_whole_groups(groups, g, replay_rows,
+                                                                                        micro, narrow):
+    """`Segment.group_rows` is G exactly when every micro-batch of the segment is whole groups of G > 1
+    on-policy rows in group order (what `attend_shared_prefix` assumes), checked against the rows' own groups."""
+    lay = layout.Layout(width=4, replay_rows=replay_rows, narrow_groups=narrow, narrow_prompt_width=2 if narrow else 0)
+    ids = np.concatenate([np.repeat(np.arange(groups), g), -1 - np.arange(replay_rows)])  # replay rows: no order
+    for seg in layout.segments(lay, micro, groups, g, 4):
+        if seg.rows % seg.micro_batches:
+            continue
+        n = seg.rows // seg.micro_batches
+        parts = [ids[seg.start + j * n:seg.start + (j + 1) * n] for j in range(seg.micro_batches)]
+        whole = g > 1 and n % g == 0 and all(np.array_equal(x, x[0] + np.arange(n) // g) for x in parts)
+        assert seg.group_rows == (g if whole else 0), seg

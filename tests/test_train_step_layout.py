@@ -71,8 +71,9 @@ def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
 def test_rows_sharing_their_prompt_train_like_rows_that_each_run_it(name, micro, beta):
     """`rl.share_prompts`: each micro-batch runs each of its prompts once (a group's G rows, and the replay
     rows of the same question, read it), in the policy's pass and the reference's (beta > 0). R³ here replays
-    3 stored responses into groups 0 and 1, so replay rows share prompts with on-policy rows. Same params,
-    metrics and buffer as with share_prompts off."""
+    3 stored responses into groups 0 and 1, so replay rows share prompts with on-policy rows; GRPO's rows are
+    whole groups, which attention reads group by group. Same params, metrics and buffer as with share_prompts
+    off."""
     batch = make_batch([[False, False], [True, True], [True, False], [False, False]])
     steps = {}
     for share in (True, False):
@@ -80,7 +81,10 @@ def test_rows_sharing_their_prompt_train_like_rows_that_each_run_it(name, micro,
         if name == "r3":
             state = with_three_stored(state)
         chosen = layout.choose(cfg, state.buffer, batch)
-        assert (train_step.shared_prompts(cfg, train_step.segments(cfg, batch, chosen)[0]) is not None) == share
+        shared = train_step.shared_prompts(cfg, train_step.segments(cfg, batch, chosen)[0])
+        assert (shared is not None) == share
+        if share:  # GRPO's rows are whole groups in order: read by group; R³'s replay rows break the order
+            assert shared[2] == (G if name == "grpo" else 0)
         steps[share] = train_step.make_train_step(graphdef, cfg, tx, state, batch)(state, batch, chosen)
     (shared, shared_m), (own, own_m) = steps[True], steps[False]
     if name == "r3":

@@ -126,6 +126,110 @@ def _softmax_attention_bwd(block: int, residuals, g_bkrth):
 _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
+
+def _by_prefix(x, prefixes: int):
+    """[B, K, R, T, ...] -> [Q, K, G·R·T, ...]: the rows' queries (or their stats) with the G = B / Q rows that
+    read one prefix side by side, per KV head."""
+    b, k, r, t = x.shape[:4]
+    g = b // prefixes
+    x = x.reshape(prefixes, g, *x.shape[1:]).swapaxes(1, 2)
+    return x.reshape(prefixes, k, g * r * t, *x.shape[5:])
+
+
+def _by_row(x, rows_like):
+    """Inverse of `_by_prefix`, back to the [B, K, R, T] of `rows_like`."""
+    b, k, r, t = rows_like.shape[:4]
+    x = x.reshape(x.shape[0], k, b // x.shape[0], r, t, *x.shape[3:]).swapaxes(1, 2)
+    return x.reshape(b, k, r, t, *x.shape[5:])
+
+
+def attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, mask_bts, query_block: int | None = None):
+    """`attend` of rows that read a shared prefix first: row b attends to [prefix b // G | its own T keys], where
+    prefix_k, prefix_v [Q, K, P, H] hold each prefix once and the B rows are Q groups of G = B / Q in order
+    (a GRPO group's responses to one prompt). mask_bts [B, T, P + T] covers [prefix | own]; the rows of a
+    group see the same prefix slots, so the group's first row's prefix mask stands for all of them.
+
+    The same values and gradients as `attend` over each row's own copy of its prefix, in fewer passes: per KV
+    head a group's G·R·T queries meet the prefix in one [G·R·T, H] x [H, P] product, forward and backward
+    (the GRPO bench's loss, 8 groups of 8 rows, 128 prompt and 64 response tokens: 24.5 ms a layer's forward +
+    backward against 30.6 ms over gathered copies), and no [B, K, P, H] copy is gathered, nor its gradient
+    scattered back. Longer responses than `query_block` (default `QUERY_BLOCK`) take `attend`, over copies,
+    whose queries run in blocks."""
+    q_count, p = prefix_k.shape[0], prefix_k.shape[2]
+    b, t = q_btnh.shape[:2]
+    if b % q_count or mask_bts.shape != (b, t, p + t):
+        raise ValueError(f"{b} rows cannot read {q_count} prefixes in equal groups with a mask of shape "
+                         f"{mask_bts.shape} over [prefix {p} | own {t}]")
+    if t > (query_block or QUERY_BLOCK):
+        keys, values = (jnp.concatenate([jnp.repeat(x, b // q_count, axis=0), own], axis=2)
+                        for x, own in ((prefix_k, k_bksh), (prefix_v, v_bksh)))
+        return attend(q_btnh, keys, values, mask_bts, query_block)
+    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
+    out = _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, mask_bts[:: b // q_count, :, :p],
+                              mask_bts[:, :, p:])
+    return _ungroup_heads(out)
+
+
+def _prefixed_scores(q_bkrth, prefix_k, k_bksh, visible_qtp, visible_btt):
+    """Scaled, masked fp32 scores against the prefixes ([Q, K, G·R·T, P]) and against the rows' own keys
+    ([B, K, R, T, T])."""
+    q_count, h = prefix_k.shape[0], prefix_k.shape[-1]
+    shared = jnp.einsum("qkmh,qksh->qkms", _by_prefix(q_bkrth, q_count), prefix_k, preferred_element_type=jnp.float32)
+    return _mask_shared(shared * h ** -0.5, visible_qtp, _MASKED), _scores(q_bkrth, k_bksh, visible_btt)
+
+
+def _mask_shared(x_qkms, visible_qtp, fill):
+    """x [Q, K, G·R·T, P] where the group's queries see the prefix slot (visible [Q, T, P]), else fill."""
+    q_count, k, m, p = x_qkms.shape
+    t = visible_qtp.shape[1]
+    x = x_qkms.reshape(q_count, k, m // t, t, p)  # G·R query rows of T positions each
+    return jnp.where(visible_qtp[:, None, None], x, fill).reshape(x_qkms.shape)
+
+
+@jax.custom_vjp
+def _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
+    """softmax over [prefix | own keys] @ [prefix | own values], one softmax over both parts: with the row max
+    m and sum l over both, out = (exp(s_prefix - m) @ v_prefix + exp(s_own - m) @ v_own) / l."""
+    return _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt)[0]
+
+
+def _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
+    q_count = prefix_k.shape[0]
+    shared, own = _prefixed_scores(q_bkrth, prefix_k, k_bksh, visible_qtp, visible_btt)
+    m = jnp.maximum(_by_row(shared.max(-1), q_bkrth), own.max(-1))[..., None]            # [B, K, R, T, 1]
+    e_shared, e_own = jnp.exp(shared - _by_prefix(m, q_count)), jnp.exp(own - m)
+    inv_l = 1.0 / (_by_row(e_shared.sum(-1, keepdims=True), q_bkrth) + e_own.sum(-1, keepdims=True))
+    acc = (_by_row(jnp.einsum("qkms,qksh->qkmh", e_shared, prefix_v, preferred_element_type=jnp.float32), q_bkrth)
+           + jnp.einsum("bkrts,bksh->bkrth", e_own, v_bksh, preferred_element_type=jnp.float32))
+    out = (acc * inv_l).astype(v_bksh.dtype)
+    return out, (q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l)
+
+
+def _prefixed_attention_bwd(residuals, g_bkrth):
+    """As `_backward_block`, for the two parts: p = exp(s - m) / l recomputed, ds = p * (g @ v^T - sum(g * out)),
+    the prefix's dk and dv summed over its group's queries by the grouped products themselves."""
+    q, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l = residuals
+    q_count, h = prefix_k.shape[0], prefix_k.shape[-1]
+    acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+    shared, own = _prefixed_scores(q, prefix_k, k_bksh, visible_qtp, visible_btt)
+    p_shared = jnp.exp(shared - _by_prefix(m, q_count)) * _by_prefix(inv_l, q_count)
+    p_own = jnp.exp(own - m) * inv_l
+    row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
+    g_shared, q_shared = _by_prefix(g_bkrth, q_count), _by_prefix(q, q_count)
+    ds_shared = p_shared * (jnp.einsum("qkmh,qksh->qkms", g_shared, prefix_v) - _by_prefix(row, q_count)) * h ** -0.5
+    ds_shared = _mask_shared(ds_shared, visible_qtp, 0.0)
+    ds_own = jnp.where(visible_btt[:, None, None], p_own * (jnp.einsum("bkrth,bksh->bkrts", g_bkrth, v_bksh) - row)
+                       * h ** -0.5, 0.0)
+    dq = (_by_row(acc32("qkms,qksh->qkmh", ds_shared.astype(q.dtype), prefix_k), q)
+          + acc32("bkrts,bksh->bkrth", ds_own.astype(q.dtype), k_bksh))
+    return (dq.astype(q.dtype), acc32("qkms,qkmh->qksh", ds_shared, q_shared).astype(prefix_k.dtype),
+            acc32("qkms,qkmh->qksh", p_shared.astype(prefix_v.dtype), g_shared).astype(prefix_v.dtype),
+            acc32("bkrts,bkrth->bksh", ds_own, q).astype(k_bksh.dtype),
+            acc32("bkrts,bkrth->bksh", p_own.astype(v_bksh.dtype), g_bkrth).astype(v_bksh.dtype), None, None)
+
+
+_prefixed_attention.defvjp(_prefixed_attention_fwd, _prefixed_attention_bwd)
+
 def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None, prefix=None) -> jax.Array:
     """`attend` of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H], or per layer, in parts
     with keys [B, K, H, S']: `cache.Cache`), reading only the slots below `bound` ([] int32), `block` slots
@@ -201,15 +305,7 @@ def _prefix_block(q_bkrth, keys, v_qksh, visible_bts, *, keys_last: bool):
     b, k, r, t, h = q_bkrth.shape
     q_count, p = v_qksh.shape[0], v_qksh.shape[2]
     g = b // q_count
-
-    def grouped(x):  # [B, K, R, T, ...] -> [Q, K, G·R·T, ...]
-        x = x.reshape(q_count, g, *x.shape[1:]).swapaxes(1, 2)
-        return x.reshape(q_count, k, g * r * t, *x.shape[5:])
-
-    def per_row(x):  # inverse of `grouped`
-        x = x.reshape(q_count, k, g, r, t, *x.shape[3:]).swapaxes(1, 2)
-        return x.reshape(b, k, r, t, *x.shape[5:])
-
+    grouped, per_row = functools.partial(_by_prefix, prefixes=q_count), functools.partial(_by_row, rows_like=q_bkrth)
     equation = "qkmh,qkhs->qkms" if keys_last else "qkmh,qksh->qkms"
     scores = jnp.einsum(equation, grouped(q_bkrth), keys.astype(q_bkrth.dtype), preferred_element_type=jnp.float32)
     visible = visible_bts[::g][:, None, None, None]                                # [Q, 1, 1, 1, T, P]

@@ -10,7 +10,7 @@ from flax import nnx
 
 from r3jax.model import cache as kv_cache
 from r3jax.model import sharding
-from r3jax.model.attention import attend, attend_cached
+from r3jax.model.attention import attend, attend_cached, attend_shared_prefix
 from r3jax.model.config import ModelConfig
 
 
@@ -92,7 +92,8 @@ class Attention(nnx.Module):
     def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False,
                  prefix=None):
         """Attends over the new tokens alone (kv None), after a prefix's keys and values (prefix: k, v
-        [B, K, P, H]; mask_bts [B, T, P + T] then covers [prefix | new]), or over layer `layer` of the full
+        [B, K, P, H], or [Q, K, P, H] for Q groups of B / Q rows in order; mask_bts [B, T, P + T] then covers
+        [prefix | new]), or over layer `layer` of the full
         cache (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot `index`;
         then only the cache's first `bound` slots are read, after the layer's keys and values of the cache's
         shared prefix if it has one (prefix: `cache.Prefix.layer`; mask_bts [B, T, P + S]). in_out: the
@@ -115,8 +116,12 @@ class Attention(nnx.Module):
         k = sharding.constrain(rope(k, rope_bt), "act_btkh", self.mesh)
         if kv is None:
             kv = k.swapaxes(1, 2), v.swapaxes(1, 2)  # keys [B, K, T, H]
-            keys, values = kv if prefix is None else [jnp.concatenate(x, axis=2) for x in zip(prefix, kv, strict=True)]
-            out = attend(q, keys, values, mask_bts, self.query_block)
+            if prefix is not None and prefix[0].shape[0] != b:  # Q < B prefixes, each read by a group of rows
+                out = attend_shared_prefix(q, *prefix, *kv, mask_bts, self.query_block)
+            else:
+                keys, values = kv if prefix is None else [jnp.concatenate(x, axis=2)
+                                                          for x in zip(prefix, kv, strict=True)]
+                out = attend(q, keys, values, mask_bts, self.query_block)
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
             out = attend_cached(q, kv, layer, mask_bts, bound, prefix=prefix)

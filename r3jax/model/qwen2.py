@@ -138,7 +138,8 @@ class Qwen2(nnx.Module):
             cache = dataclasses.replace(cache, k=kv[0], v=kv[1])
         return self.norm(x), cache
 
-    def shared_prefix_hidden_states(self, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask):
+    def shared_prefix_hidden_states(self, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask, *,
+                                    in_groups: bool = False):
         """Hidden states of B rows that each continue one of Q prefixes, each prefix run once.
 
         prefix_tokens, prefix_mask [Q, P]; row_prefix [B] int (which prefix row b continues); tokens_bt,
@@ -148,11 +149,16 @@ class Qwen2(nnx.Module):
         it has a value of its own, which reaches no real token), but every layer computes a prefix's keys
         and values once, and the rows attend to them ([prefix | own tokens]). This is how GRPO's G responses to one
         prompt train on one pass over that prompt; gradients reach the prefix from every row that reads it.
+        in_groups (static): the rows are Q groups of B / Q in prefix order (row_prefix[b] = b // (B / Q), which
+        the caller guarantees); the attention then meets each prefix once per group
+        (`attention.attend_shared_prefix`) instead of each row reading a gathered copy.
         """
         graphdef, state = nnx.split(self)
-        return _shared_prefix_jit(graphdef, state, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask)
+        return _shared_prefix_jit(graphdef, state, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask,
+                                  in_groups)
 
-    def _shared_prefix_hidden_states(self, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask):
+    def _shared_prefix_hidden_states(self, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask,
+                                     in_groups: bool = False):
         prefix_tokens, tokens_bt, row_prefix = map(jnp.asarray, (prefix_tokens, tokens_bt, row_prefix))
         prefix_mask, mask_bt = jnp.asarray(prefix_mask).astype(bool), jnp.asarray(attention_mask).astype(bool)
         for name, x, m in (("prefix", prefix_tokens, prefix_mask), ("row", tokens_bt, mask_bt)):
@@ -161,6 +167,9 @@ class Qwen2(nnx.Module):
                                  f"and {m.shape}")
         if row_prefix.shape != tokens_bt.shape[:1]:
             raise ValueError(f"row_prefix must be [B] = [{tokens_bt.shape[0]}], got shape {row_prefix.shape}")
+        if in_groups and tokens_bt.shape[0] % prefix_tokens.shape[0]:
+            raise ValueError(f"in_groups needs the {tokens_bt.shape[0]} rows in equal groups over the "
+                             f"{prefix_tokens.shape[0]} prefixes")
         cfg = self.config
         tables = rope_tables(kv_cache.positions_from_mask(prefix_mask), cfg.head_dim, cfg.rope_theta, self.dtype)
         prefix, _, (k, v) = self._scan_layers(self._embed(prefix_tokens), tables, kv_cache.causal_mask(prefix_mask),
@@ -174,7 +183,7 @@ class Qwen2(nnx.Module):
                                     kv_cache.causal_mask(mask_bt)], axis=-1)            # [B, T, P + T]
         tables = rope_tables(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
         x, _, _ = self._scan_layers(self._embed(tokens_bt), tables, mask_bts, None, None, None, prefix=(k, v),
-                                    prefix_rows=row_prefix)
+                                    prefix_rows=None if in_groups else row_prefix)
         return self.norm(prefix), self.norm(x)
 
     def _embed(self, tokens_bt):
@@ -190,7 +199,8 @@ class Qwen2(nnx.Module):
         The full [L, B, K, S, H] cache rides in the carry and each layer writes its slab in place. Without a
         cache, prefix (k, v [L, Q, K, P, H]) gives each layer the keys and values its tokens attend to first
         (row b those of prefix prefix_rows[b], gathered inside the layer: no [L, B, ...] copy, nor its
-        gradient, is ever formed); with one, it is the cache's shared prefix (`cache.Prefix`). emit returns
+        gradient, is ever formed; without prefix_rows, the B rows are Q groups in prefix order, which the
+        layer's attention reads as such); with one, it is the cache's shared prefix (`cache.Prefix`). emit returns
         every layer's own (k, v [L, B, K, T, H]). Returns (x, kv, emitted or None)."""
         graphdef, layer_params = nnx.split(self.layers)
 
@@ -216,10 +226,10 @@ def _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers
     return nnx.merge(graphdef, state)._hidden_states(tokens_bt, attention_mask, cache, layers)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _shared_prefix_jit(graphdef, state, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask):
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def _shared_prefix_jit(graphdef, state, prefix_tokens, prefix_mask, row_prefix, tokens_bt, attention_mask, in_groups):
     return nnx.merge(graphdef, state)._shared_prefix_hidden_states(prefix_tokens, prefix_mask, row_prefix, tokens_bt,
-                                                                   attention_mask)
+                                                                   attention_mask, in_groups)
 
 
 def init_model(config: ModelConfig, seed: int = 0, **kwargs) -> Qwen2:

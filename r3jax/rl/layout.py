@@ -60,13 +60,16 @@ class Layout:
 @dataclasses.dataclass(frozen=True)
 class Segment:
     """Consecutive loss rows [start, start + rows) that train together: the last `prompt_width` prompt columns,
-    `micro_batches` micro-batches, at most `shared_prompts` distinct prompts in one (0: no fewer than its rows)."""
+    `micro_batches` micro-batches, at most `shared_prompts` distinct prompts in one (0: no fewer than its rows).
+    group_rows: G when every micro-batch holds whole groups of G on-policy rows in group order and nothing else
+    (no replay row), so its rows read their prompts group by group (0: any order)."""
 
     start: int
     rows: int
     prompt_width: int
     micro_batches: int
     shared_prompts: int
+    group_rows: int = 0
 
 
 def segments(layout: Layout, num_micro_batches: int, p: int, g: int, prompt_columns: int) -> tuple[Segment, ...]:
@@ -79,14 +82,23 @@ def segments(layout: Layout, num_micro_batches: int, p: int, g: int, prompt_colu
     wide = layout.prompt_width or prompt_columns
     if not layout.narrow_groups:
         return (Segment(0, rows, wide, num_micro_batches,
-                        shared_prompts(groups, g, layout.replay_rows, num_micro_batches)),)
+                        shared_prompts(groups, g, layout.replay_rows, num_micro_batches),
+                        _group_rows(rows, num_micro_batches, g, layout.replay_rows)),)
     per = rows // num_micro_batches
     narrow, rest = layout.narrow_groups * g, rows - layout.narrow_groups * g
     m_narrow, m_rest = -(-narrow // per), -(-rest // per)
     return (Segment(0, narrow, layout.narrow_prompt_width, m_narrow,
-                    shared_prompts(layout.narrow_groups, g, 0, m_narrow)),
+                    shared_prompts(layout.narrow_groups, g, 0, m_narrow), _group_rows(narrow, m_narrow, g, 0)),
             Segment(narrow, rest, wide, m_rest,
-                    shared_prompts(groups - layout.narrow_groups, g, layout.replay_rows, m_rest)))
+                    shared_prompts(groups - layout.narrow_groups, g, layout.replay_rows, m_rest),
+                    _group_rows(rest, m_rest, g, layout.replay_rows)))
+
+
+def _group_rows(rows: int, micro_batches: int, g: int, replay_rows: int) -> int:
+    """`Segment.group_rows` of a segment that starts at a group boundary: G when its micro-batches are whole
+    groups of G > 1 on-policy rows, else 0."""
+    regular = g > 1 and not replay_rows and rows % micro_batches == 0 and (rows // micro_batches) % g == 0
+    return g if regular else 0
 
 
 def _splits(segs: tuple[Segment, ...], devices: int) -> bool:

@@ -50,7 +50,7 @@ def sequence_logprobs(model, tokens, attention_mask, response_mask, *, temperatu
 
 def shared_prompt_logprobs(model, tokens, attention_mask, response_mask, prompt_ids, *, prompt_width: int,
                            num_prompts: int, temperature: float = 1.0, chunk_size: int = 512,
-                           valid_vocab: int | None = None):
+                           valid_vocab: int | None = None, group_size: int = 0):
     """`sequence_logprobs` of rows [prompt | response] that share prompts, each distinct prompt run once.
 
     The first `prompt_width` columns of every row are its prompt, and rows with the same prompt_ids [B] have
@@ -59,18 +59,27 @@ def shared_prompt_logprobs(model, tokens, attention_mask, response_mask, prompt_
     remaining columns attend to their prompt's keys and values (`Qwen2.shared_prefix_hidden_states`): the
     same values as `sequence_logprobs` wherever response_mask is set, which must be in the last columns
     only, for a fraction of the work when prompts are long against the responses. Returns ([B, S], [B, S]).
+    group_size (static, 0: any order): the rows are num_prompts groups of group_size consecutive rows, a
+    group per prompt, in order (prompt_ids then only restate it: the caller guarantees it), and each group
+    meets its prompt's keys in one product per head (`attention.attend_shared_prefix`).
     """
     _check_temperature(temperature)
     tokens, mask, ids = jnp.asarray(tokens), jnp.asarray(attention_mask).astype(bool), jnp.asarray(prompt_ids)
     b, s = tokens.shape
     if not 0 < prompt_width < s:
         raise ValueError(f"prompt_width must leave prompt and response columns in rows of {s}, got {prompt_width}")
-    first = jnp.argmax(ids[:, None] == ids[None, :], axis=1)     # each row's first row with its prompt
-    owner = first == jnp.arange(b)
-    slot = (jnp.cumsum(owner) - 1)[first]                         # the prompt's row in the table
-    (source,) = jnp.nonzero(owner, size=num_prompts, fill_value=0)
+    if group_size:
+        if group_size * num_prompts != b:
+            raise ValueError(f"group_size {group_size} x num_prompts {num_prompts} must be the {b} rows")
+        slot, source = jnp.arange(b) // group_size, jnp.arange(num_prompts) * group_size
+    else:
+        first = jnp.argmax(ids[:, None] == ids[None, :], axis=1)     # each row's first row with its prompt
+        owner = first == jnp.arange(b)
+        slot = (jnp.cumsum(owner) - 1)[first]                         # the prompt's row in the table
+        (source,) = jnp.nonzero(owner, size=num_prompts, fill_value=0)
     prompt_h, row_h = model.shared_prefix_hidden_states(tokens[source, :prompt_width], mask[source, :prompt_width],
-                                                        slot, tokens[:, prompt_width:], mask[:, prompt_width:])
+                                                        slot, tokens[:, prompt_width:], mask[:, prompt_width:],
+                                                        in_groups=bool(group_size))
     # the prompt's last position predicts the first response token; each response position the next one
     hidden = jnp.concatenate([prompt_h[slot, -1:], row_h[:, :-1]], axis=1)
     logp, ent = head.token_logprobs_and_entropy(hidden, tokens[:, prompt_width:], model, chunk_size=chunk_size,

@@ -248,12 +248,14 @@ def store_responses(cfg: RLConfig, buffer, batch, valid, step):
                          flat(batch.correct), flat(valid), step)
 
 
-def shared_prompts(cfg: RLConfig, seg: rl_layout.Segment) -> tuple[int, int] | None:
-    """(prompt columns, distinct prompts per micro-batch at most) when the segment's loss runs each
-    micro-batch's prompts once (`loss.shared_prompt_logprobs`), None when every row runs its own
-    (`rl.share_prompts` off, or no micro-batch would hold fewer prompts than rows). Static: part of the
-    layout's program."""
-    return (seg.prompt_width, seg.shared_prompts) if cfg.share_prompts and seg.shared_prompts else None
+def shared_prompts(cfg: RLConfig, seg: rl_layout.Segment) -> tuple[int, int, int] | None:
+    """(prompt columns, distinct prompts per micro-batch at most, rows per prompt when the micro-batches are
+    whole groups in order, else 0: `Segment.group_rows`) when the segment's loss runs each micro-batch's prompts
+    once (`loss.shared_prompt_logprobs`), None when every row runs its own (`rl.share_prompts` off, or no
+    micro-batch would hold fewer prompts than rows). Static: part of the layout's program."""
+    if not (cfg.share_prompts and seg.shared_prompts):
+        return None
+    return seg.prompt_width, seg.shared_prompts, seg.group_rows
 
 
 def _micro_batch_loss(graphdef, cfg: RLConfig, shared: tuple[int, int] | None, params, seqs: rl_batch.Sequences):
@@ -283,7 +285,7 @@ def _logprobs(cfg: RLConfig, shared, model, tokens, attention, response, prompt_
     if shared is None:
         return loss.sequence_logprobs(model, tokens, attention, response, **kw)
     return loss.shared_prompt_logprobs(model, tokens, attention, response, prompt_ids, prompt_width=shared[0],
-                                       num_prompts=shared[1], **kw)
+                                       num_prompts=shared[1], group_size=shared[2], **kw)
 
 
 def _no_grad_logprobs(graphdef, cfg: RLConfig, shared, num_micro_batches: int, params, rows):
