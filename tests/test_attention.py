@@ -105,3 +105,42 @@ def test_a_shared_prefix_needs_equal_groups():
     q, kp, vp, ko, vo, mask, _ = prefixed_inputs(3, 2)
     with pytest.raises(ValueError, match="6 rows cannot read 4 prefixes in equal groups"):
         attention.attend_shared_prefix(q, *(jnp.concatenate([x, x[:1]]) for x in (kp, vp)), ko, vo, mask)
+
+
+def _score_products(jaxpr, shape) -> int:
+    """dot_general equations with output `shape`, in this jaxpr and every jaxpr nested in it (scan bodies,
+    remat and custom-VJP rules)."""
+    from jax.extend import core
+
+    count = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general" and tuple(eqn.outvars[0].aval.shape) == shape:
+            count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = sub.jaxpr if isinstance(sub, core.ClosedJaxpr) else sub
+                if isinstance(inner, core.Jaxpr):
+                    count += _score_products(inner, shape)
+    return count
+
+
+def test_dots_remat_keeps_the_attention_output_so_its_forward_is_not_run_again():
+    """The attention scores' products in a gradient's program: under "dots" as many as with nothing
+    rematerialised (the forward's, and the attention backward's own recompute), under "full" one more (the
+    backward runs the layer's forward again first). "dots" keeps the attention's output and statistics."""
+    from flax import nnx
+
+    from r3jax.model import qwen2
+    from r3jax.rl import loss
+
+    cfg = qwen2.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    tokens, mask = jnp.zeros((2, 6), jnp.int32), jnp.ones((2, 6), bool)
+
+    def products(remat):
+        graphdef, params = nnx.split(qwen2.init_model(cfg, remat=remat))
+        objective = lambda p: jnp.sum(loss.sequence_logprobs(nnx.merge(graphdef, p), tokens, mask, mask)[0])  # noqa: E731
+        return _score_products(jax.make_jaxpr(jax.grad(objective))(params).jaxpr, (2, 2, 2, 6, 6))  # [B, K, R, T, S]
+
+    counts = {remat: products(remat) for remat in ("none", "dots", "full")}
+    assert counts["dots"] == counts["none"] == counts["full"] - 1, counts

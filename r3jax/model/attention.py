@@ -8,6 +8,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 # A large finite negative instead of -inf: a query row with no visible key (left padding) then gets
 # a uniform softmax instead of NaN, and NaN never leaks into gradients.
@@ -20,6 +21,10 @@ CACHE_BLOCK = 256
 # gradients exist for one block of queries at once. At the 1.5B model's 9,216 positions a whole [T, S] fp32
 # block is 1.9 GiB a chip (v5e:4x8); shorter sequences run in one block, with no loop.
 QUERY_BLOCK = 1024
+# The name of a training attention's output and softmax statistics (the residuals its backward reads besides
+# q, k and v), for remat policies that keep them: the backward then recomputes the scores once, in its own
+# pass, and the forward is not run a second time (`qwen2.REMAT_POLICIES["dots"]`).
+OUTPUT_NAME = "attention_output"
 
 
 
@@ -90,6 +95,7 @@ def _softmax_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bts, block: int):
         blocks = jax.lax.map(lambda x: _forward_block(x[0], k_bksh, v_bksh, x[1]),
                              (_query_blocks(q_bkrth, 3, block), _query_blocks(mask_bts, 1, block)))
         out, m, inv_l = (_join_blocks(x, 3, t) for x in blocks)
+    out, m, inv_l = (checkpoint_name(x, OUTPUT_NAME) for x in (out, m, inv_l))
     return out, (q_bkrth, k_bksh, v_bksh, mask_bts, out, m, inv_l)
 
 
@@ -201,7 +207,7 @@ def _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible
     inv_l = 1.0 / (_by_row(e_shared.sum(-1, keepdims=True), q_bkrth) + e_own.sum(-1, keepdims=True))
     acc = (_by_row(jnp.einsum("qkms,qksh->qkmh", e_shared, prefix_v, preferred_element_type=jnp.float32), q_bkrth)
            + jnp.einsum("bkrts,bksh->bkrth", e_own, v_bksh, preferred_element_type=jnp.float32))
-    out = (acc * inv_l).astype(v_bksh.dtype)
+    out, m, inv_l = (checkpoint_name(x, OUTPUT_NAME) for x in ((acc * inv_l).astype(v_bksh.dtype), m, inv_l))
     return out, (q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l)
 
 

@@ -15,13 +15,18 @@ from flax import nnx
 
 from r3jax.model import cache as kv_cache
 from r3jax.model import sharding
+from r3jax.model.attention import OUTPUT_NAME
 from r3jax.model.config import ModelConfig
 from r3jax.model.layers import DECODE_ORDER, DecoderLayer, RMSNorm, _init, rope_tables
 
+# What a layer keeps for its backward. none: everything; full: only its input (the backward runs the layer
+# again); dots: the projections' outputs and the attention's output and softmax statistics, so the backward
+# recomputes only elementwise work and, in the attention's own backward, the scores once.
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                                                            jax.checkpoint_policies.save_only_these_names(OUTPUT_NAME)),
 }
 
 

@@ -179,8 +179,9 @@ def forward_flops_per_token(m: rm.ModelConfig, attended: int) -> float:
 def train_flops(c, m: rm.ModelConfig, s: Shapes) -> float:
     seq = s.prompt_tokens + s.response_tokens
     forward = forward_flops_per_token(m, seq)
-    recomputed = {"none": 0.0, "full": forward,  # forward + backward (2x), + what the backward recomputes
-                  "dots": forward - forward_flops_per_token(m, 0)}[c.model.remat]
+    # forward + backward (2x), + what the backward recomputes: "dots" keeps every product's output (the
+    # projections' and the attention's), so only "full" runs the forward again
+    recomputed = {"none": 0.0, "full": forward, "dots": 0.0}[c.model.remat]
     return s.loss_rows * seq * (3 * forward + recomputed)
 
 
