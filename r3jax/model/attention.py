@@ -132,7 +132,6 @@ def _softmax_attention_bwd(block: int, residuals, g_bkrth):
 _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
-
 def _by_prefix(x, prefixes: int):
     """[B, K, R, T, ...] -> [Q, K, G·R·T, ...]: the rows' queries (or their stats) with the G = B / Q rows that
     read one prefix side by side, per KV head."""
@@ -176,12 +175,18 @@ def attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, mask_bts, q
     return _ungroup_heads(out)
 
 
+def _shared_scores(q_bkrth, keys, visible_qtp, equation: str = "qkmh,qksh->qkms"):
+    """Scaled fp32 scores [Q, K, G·R·T, P] of each group's queries against its prefix's keys (in the layout
+    `equation` reads), masked where the group's rows do not see the slot (visible [Q, T, P])."""
+    scores = jnp.einsum(equation, _by_prefix(q_bkrth, keys.shape[0]), keys.astype(q_bkrth.dtype),
+                        preferred_element_type=jnp.float32)
+    return _mask_shared(scores * q_bkrth.shape[-1] ** -0.5, visible_qtp, _MASKED)
+
+
 def _prefixed_scores(q_bkrth, prefix_k, k_bksh, visible_qtp, visible_btt):
     """Scaled, masked fp32 scores against the prefixes ([Q, K, G·R·T, P]) and against the rows' own keys
     ([B, K, R, T, T])."""
-    q_count, h = prefix_k.shape[0], prefix_k.shape[-1]
-    shared = jnp.einsum("qkmh,qksh->qkms", _by_prefix(q_bkrth, q_count), prefix_k, preferred_element_type=jnp.float32)
-    return _mask_shared(shared * h ** -0.5, visible_qtp, _MASKED), _scores(q_bkrth, k_bksh, visible_btt)
+    return _shared_scores(q_bkrth, prefix_k, visible_qtp), _scores(q_bkrth, k_bksh, visible_btt)
 
 
 def _mask_shared(x_qkms, visible_qtp, fill):
@@ -235,6 +240,7 @@ def _prefixed_attention_bwd(residuals, g_bkrth):
 
 
 _prefixed_attention.defvjp(_prefixed_attention_fwd, _prefixed_attention_bwd)
+
 
 def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None, prefix=None) -> jax.Array:
     """`attend` of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H], or per layer, in parts
@@ -308,20 +314,14 @@ def _prefix_block(q_bkrth, keys, v_qksh, visible_bts, *, keys_last: bool):
     prefix's keys, held once, instead of G products of [R·T, H] (the sampler's 8 samples of a prompt, 64
     rows, 128 prompt slots: 0.25 ms a layer against 0.41 for the same attention over per-row copies). Rows
     within a group see the same prefix slots (`cache.write`), so the group's first row's mask stands for all."""
-    b, k, r, t, h = q_bkrth.shape
-    q_count, p = v_qksh.shape[0], v_qksh.shape[2]
-    g = b // q_count
-    grouped, per_row = functools.partial(_by_prefix, prefixes=q_count), functools.partial(_by_row, rows_like=q_bkrth)
-    equation = "qkmh,qkhs->qkms" if keys_last else "qkmh,qksh->qkms"
-    scores = jnp.einsum(equation, grouped(q_bkrth), keys.astype(q_bkrth.dtype), preferred_element_type=jnp.float32)
-    visible = visible_bts[::g][:, None, None, None]                                # [Q, 1, 1, 1, T, P]
-    scores = jnp.where(visible, scores.reshape(q_count, k, g, r, t, p) * h ** -0.5, _MASKED)
+    g = q_bkrth.shape[0] // v_qksh.shape[0]
+    scores = _shared_scores(q_bkrth, keys, visible_bts[::g], "qkmh,qkhs->qkms" if keys_last else "qkmh,qksh->qkms")
     m = scores.max(-1)
     probs = jnp.exp(scores - m[..., None])
     v = v_qksh.astype(q_bkrth.dtype)
-    pv = jnp.einsum("qkms,qksh->qkmh", probs.reshape(q_count, k, g * r * t, p).astype(v.dtype), v,
-                    preferred_element_type=jnp.float32)
-    return per_row(m.reshape(q_count, k, -1)), per_row(probs.sum(-1).reshape(q_count, k, -1)), per_row(pv)
+    pv = jnp.einsum("qkms,qksh->qkmh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    per_row = functools.partial(_by_row, rows_like=q_bkrth)
+    return per_row(m), per_row(probs.sum(-1)), per_row(pv)
 
 
 def _online_block(q_bkrth, equation: str, carry, keys, v_bksh, visible_bts):

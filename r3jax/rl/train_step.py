@@ -258,7 +258,8 @@ def shared_prompts(cfg: RLConfig, seg: rl_layout.Segment) -> tuple[int, int, int
     return seg.prompt_width, seg.shared_prompts, seg.group_rows
 
 
-def _micro_batch_loss(graphdef, cfg: RLConfig, shared: tuple[int, int] | None, params, seqs: rl_batch.Sequences):
+def _micro_batch_loss(graphdef, cfg: RLConfig, shared: tuple[int, int, int] | None, params,
+                      seqs: rl_batch.Sequences):
     """Eq. 2 on one micro-batch. π_old is recomputed by the trainer before the update (R3-SPEC §2): with
     one update per batch that is this very forward pass, under stop_gradient (so every ratio is 1), and
     no second pass is needed. With old_logprobs="sampler", on-policy tokens take the sampler's instead
