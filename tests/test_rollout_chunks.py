@@ -9,6 +9,7 @@ answer: any row mixed up with another shows.
 import dataclasses
 import pathlib
 import runpy
+import threading
 
 import jax
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 from r3jax import rewards
 from r3jax.data import prompts
+from r3jax.model import qwen2
 from r3jax.train import rollouts, setup
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -35,12 +37,13 @@ def fake_grade(texts, answers, **_):
             for t, a in zip(texts, answers, strict=True)]
 
 
-def step_batch(run, chunk, monkeypatch, slots=0):
+def step_batch(run, chunk, monkeypatch, slots=0, model=None):
     monkeypatch.setattr(rollouts.rewards, "grade_batch", fake_grade)
+    graphdef, params = model or (run.graphdef, run.state.params)
     settings = dataclasses.replace(run.settings, sampling_chunk=chunk, sampling_slots=slots)
     qids = np.arange(run.questions_per_step)
     with rewards.GradingPool(1, timeout_s=2.0) as grader:
-        return rollouts.collect(run.graphdef, run.state.params, run.state.buffer, run.bank, qids, 1, cfg=run.rl,
+        return rollouts.collect(graphdef, params, run.state.buffer, run.bank, qids, 1, cfg=run.rl,
                                 settings=settings, num_groups=run.config.prompts_per_step,
                                 sample_key=jax.random.key(3), reflection_key=jax.random.key(4),
                                 tokenizer=run.tokenizer, grader=grader)
@@ -86,3 +89,31 @@ def test_a_chunk_of_part_groups_or_of_rows_the_devices_do_not_split_is_refused(c
     c.sampling_chunk = chunk  # G = 4: 6 rows split a group; 12 rows do not split over the 8 devices
     with pytest.raises(setup.SetupError, match="sampling_chunk"):
         setup.prepare(c)
+
+
+def one_device_model(run):
+    """The run's model with every parameter on the first device and no mesh (a one-device run's model; this
+    process has 8 devices, and a run's mesh spans all of them)."""
+    graphdef, _ = qwen2.split_params(qwen2.abstract_model(run.model_config))
+    return graphdef, jax.device_put(run.state.params, jax.devices()[0])
+
+
+def test_sampler_calls_on_one_device_run_from_threads_with_the_batch_of_calls_in_turn(run, monkeypatch):
+    graphdef, params = one_device_model(run)
+    threads = []
+    generate = rollouts.generate
+    monkeypatch.setattr(rollouts, "generate", lambda *a, **k: threads.append(threading.current_thread()) or
+                        generate(*a, **k))
+    assert rollouts.threads_per_call(params)
+    threaded = step_batch(run, 8, monkeypatch, model=(graphdef, params)).batch  # 8 rows a call: several calls
+    assert len(threads) > 1 and threading.main_thread() not in threads
+    threads.clear()
+    monkeypatch.setattr(rollouts, "threads_per_call", lambda params: False)
+    in_turn = step_batch(run, 8, monkeypatch, model=(graphdef, params)).batch
+    assert threads == [threading.main_thread()] * len(threads)
+    for name, a in threaded.__dict__.items():
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(getattr(in_turn, name)), err_msg=name)
+
+
+def test_sampler_calls_over_several_devices_share_one_thread(run):
+    assert not rollouts.threads_per_call(run.state.params)  # the tiny config's parameters span 8 devices
