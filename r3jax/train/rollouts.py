@@ -127,10 +127,11 @@ def threads_per_call(params) -> bool:
     """Whether a step's sampler calls each run from a thread of their own: with one process and every parameter
     on one device. XLA:CPU runs a program whose inputs are ready in the thread that calls it, so calls made
     from one thread run one after the other, each leaving part of the cores idle (a decode step's ops are
-    small); from a thread each they overlap. The GRPO bench's plain and reflection calls take 0.17 s together
+    small); from a thread each they overlap. The GRPO bench's plain and reflection calls took 0.17 s together
     against 0.22 s in turn, with the same tokens to the bit: a call's numbers do not depend on what else runs.
-    Programs spread over several devices keep one thread: two in flight at once could reach their collectives
-    in different orders and deadlock (see `_join`)."""
+    (`generate` also splits a small model's call into parts, `sampler.auto_parts`; all calls' parts then share
+    the cores: 0.13 s.) Programs spread over several devices keep one thread: two in flight at once could
+    reach their collectives in different orders and deadlock (see `_join`)."""
     if jax.process_count() != 1:
         return False
     return len({d for x in jax.tree.leaves(params) for d in x.sharding.device_set}) == 1
