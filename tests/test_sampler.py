@@ -12,6 +12,7 @@ from conftest import write_hf_checkpoint
 from r3jax import model as rm
 from r3jax.model import attention, sharding
 from r3jax.sampling import generate, sampler, slots
+from r3jax.sampling import parts as sampling_parts
 
 VOCAB = 128
 
@@ -418,14 +419,14 @@ def test_a_call_split_into_parts_gives_the_rollout_of_one_program(checkpoint, mo
 
 def test_by_default_a_static_batch_on_one_cpu_device_splits_over_the_cores(checkpoint, monkeypatch):
     _, _, model = checkpoint
-    monkeypatch.setattr(sampler, "_cores", lambda: 4)
+    monkeypatch.setattr(sampling_parts, "cores", lambda: 4)
     config = model.config
-    assert [sampler.auto_parts(np.ones((p, 3), np.int32), None, config) for p in (1, 2, 6, 7, 8, 12)] == \
+    assert [sampling_parts.auto_parts(np.ones((p, 3), np.int32), None, config) for p in (1, 2, 6, 7, 8, 12)] == \
         [1, 2, 3, 1, 4, 4]
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
-    assert sampler.auto_parts(np.ones((8, 3), np.int32), mesh, config) == 1  # programs over 8 devices run whole
-    wide = dataclasses.replace(config, intermediate_size=sampler.PARTS_MAX_MLP_WEIGHTS // config.hidden_size + 1)
-    assert sampler.auto_parts(np.ones((8, 3), np.int32), None, wide) == 1  # its decode ops spread already
+    assert sampling_parts.auto_parts(np.ones((8, 3), np.int32), mesh, config) == 1  # programs over 8 devices run whole
+    wide = dataclasses.replace(config, intermediate_size=sampling_parts.PARTS_MAX_MLP_WEIGHTS // config.hidden_size + 1)
+    assert sampling_parts.auto_parts(np.ones((8, 3), np.int32), None, wide) == 1  # its decode ops spread already
     threads = calls_of_generate(monkeypatch)
     ragged_run(model, None)  # 6 prompts: 3 parts
     assert len(threads) == 3

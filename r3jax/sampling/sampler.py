@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import threading
-from concurrent import futures
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +19,7 @@ from r3jax.model import cache as kv_cache
 from r3jax.model import sharding
 from r3jax.model.qwen2 import Qwen2
 from r3jax.sampling import distributions
+from r3jax.sampling import parts as split
 from r3jax.sampling import slots as seating
 from r3jax.sampling.rollout import Rollout, mask_after_end, response_mask
 from r3jax.sampling.slots import PromptCache, SamplingState, loop_widths, schedule, slot_widths  # noqa: F401
@@ -90,7 +88,7 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
     the loop stops as soon as every row has produced an end token or max_new_tokens. share_prompts: see
     `SamplingConfig` (a static batch's samples read their prompt from one copy). parts: how many programs the
     prompts are split over, each run from a thread of its own, with the rollout of one program (tokens alike,
-    log-probs within float rounding). None: `auto_parts` for a static batch (on a CPU with one device), 1 with
+    log-probs within float rounding). None: `parts.auto_parts` for a static batch (on a CPU, one device), 1 with
     `slots`; with both, each part decodes slots / parts rows at once.
 
     Log-probs and entropies describe softmax(logits / temperature) before top-k/top-p truncation
@@ -124,107 +122,18 @@ def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: 
         raise ValueError(f"slots must be >= 1, got {slots}")
     model = nnx.merge(graphdef, params)  # the mesh and config are static model metadata; merging copies nothing
     mesh = model.mesh
-    parts = (auto_parts(prompt_tokens, mesh, model.config) if slots is None else 1) if parts is None else \
-        _check_parts(parts, prompt_tokens, mesh, slots)
+    parts = (split.auto_parts(prompt_tokens, mesh, model.config) if slots is None else 1) if parts is None else \
+        split.check_parts(parts, prompt_tokens, mesh, slots)
     if parts > 1:
-        return _in_parts(graphdef, cfg, params, prompt_tokens, prompt_mask, key, slots, parts, mesh)
+        widths, groups = schedule(prompt_tokens.shape[0] // parts, cfg.num_samples,
+                                  None if slots is None else int(slots) // parts, mesh)
+        program = functools.partial(_generate, graphdef, cfg, widths, groups, jax.block_until_ready(params))
+        return split.run_in_parts(program, prompt_tokens, prompt_mask, key, parts, cfg.num_samples, mesh)
     widths, groups = schedule(prompt_tokens.shape[0], cfg.num_samples, slots, mesh)
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)
         prompt_tokens, prompt_mask = hosts.put_rows(prompt_tokens, batch), hosts.put_rows(prompt_mask, batch)
     return _generate(graphdef, cfg, widths, groups, params, prompt_tokens, prompt_mask, key)
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-# At most this many blocks of split calls (`_in_parts`) run at once, whoever started them: more programs than
-# cores contend (the GRPO bench's call as four blocks on two cores took 0.10-0.16 s, as two 0.085-0.093 s).
-_RUNNING = threading.BoundedSemaphore(_cores())
-
-
-# Models whose MLP matrices hold more weights than this decode as one program by default (`auto_parts`).
-PARTS_MAX_MLP_WEIGHTS = 1 << 19
-
-
-def auto_parts(prompt_tokens, mesh, config) -> int:
-    """`generate`'s default `parts`: on a CPU with one process and one device, for a model whose MLP matrices
-    hold at most `PARTS_MAX_MLP_WEIGHTS` weights (hidden x intermediate), the largest divisor of the prompt
-    count P up to the cores this process may use; else 1. XLA:CPU runs a program in the thread that calls it,
-    and a small model's decode ops are too small to spread over cores, so one program keeps about one core
-    busy while programs called from several threads overlap. A larger model's ops already spread, and each
-    part reads every weight at every step, so a split only adds traffic. Measured on 2 cores (random models,
-    4 layers, 32-token prompts, 64 new tokens; one program's time / two programs'): D128 x F384 1.44-1.74
-    (16-128 rows), D256 x F768 1.36-1.50, D512 x F1536 0.86-1.12 (32-256 rows); D1536 x F8960 (2 layers, 16
-    rows) 0.55. The GRPO bench's call (8 prompts x 8 samples): 0.145-0.160 s as one program, 0.085-0.093 s as
-    two, 0.10-0.16 s as four. Equal parts: one compiled program."""
-    if not _splittable(prompt_tokens, mesh) or _device(mesh).platform != "cpu":
-        return 1
-    if config.hidden_size * config.intermediate_size > PARTS_MAX_MLP_WEIGHTS:
-        return 1
-    p = prompt_tokens.shape[0]
-    return max(d for d in range(1, min(_cores(), p) + 1) if p % d == 0)
-
-
-def _splittable(prompt_tokens, mesh) -> bool:
-    """Whether a call may run as several programs at once: one process, one device, concrete prompts. Programs
-    over several devices stay whole (two in flight at once could reach their collectives in different orders
-    and deadlock), and so does a traced call (inside another jit)."""
-    if isinstance(prompt_tokens, jax.core.Tracer) or jax.process_count() != 1:
-        return False
-    return mesh is None or mesh.devices.size == 1
-
-
-def _device(mesh):
-    return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-
-
-def _check_parts(parts, prompt_tokens, mesh, slots) -> int:
-    p = prompt_tokens.shape[0]
-    if not (isinstance(parts, int | np.integer) and parts >= 1 and p % parts == 0):
-        raise ValueError(f"parts must be a positive divisor of the {p} prompts, got {parts!r}")
-    if slots is not None and int(slots) % parts:
-        raise ValueError(f"slots={slots} do not split over parts={parts} (each part decodes slots / parts rows)")
-    if parts > 1 and not _splittable(prompt_tokens, mesh):
-        raise ValueError(f"parts={parts} needs one process, one device and concrete prompts (not inside jit): "
-                         "programs over several devices run whole")
-    return int(parts)
-
-
-def _in_parts(graphdef, cfg: SamplingConfig, params, prompt_tokens, prompt_mask, key, slots, parts: int,
-              mesh) -> tuple[Rollout, dict]:
-    """`decode` with the prompts split into `parts` equal blocks, each block's program started from a thread
-    of its own, the rollouts joined in prompt order. Row r of block b draws its numbers from row r + b·rows of
-    the whole batch's table (`_generate`'s `table_rows`), and every row's computation is its own, so the result
-    is the one-program rollout: the same tokens, log-probs within float rounding (a batch of another size
-    may sum in another order: 1 ulp here). Each block decodes slots / parts rows at once."""
-    per, rows = prompt_tokens.shape[0] // parts, prompt_tokens.shape[0] * cfg.num_samples
-    widths, groups = schedule(per, cfg.num_samples, None if slots is None else int(slots) // parts, mesh)
-
-    tokens_h, mask_h = np.asarray(prompt_tokens), np.asarray(prompt_mask)  # sliced on the host: no program
-
-    def block(b):
-        tokens, mask = tokens_h[b * per:(b + 1) * per], mask_h[b * per:(b + 1) * per]
-        at = sharding.named(mesh, "act_bt", tokens.shape) if mesh is not None else _device(mesh)
-        # every input in place before the call: XLA:CPU runs a program in the calling thread only when its inputs
-        # are ready, and queues it behind the others otherwise
-        inputs = jax.block_until_ready((jax.device_put(tokens, at), jax.device_put(mask, at), key, params))
-        with _RUNNING:  # the blocks of all calls in flight (a training step's plain and reflection calls) share
-            return jax.block_until_ready(_generate(graphdef, cfg, widths, groups, inputs[3], inputs[0], inputs[1],
-                                                   key, rows, np.int32(b * per * cfg.num_samples)))
-
-    with futures.ThreadPoolExecutor(max_workers=parts) as pool:
-        return _join_parts(tuple(pool.map(block, range(parts))))
-
-
-@jax.jit
-def _join_parts(outs):
-    """The blocks' (rollout, counts) as one: rows in block order, the steps of the longest block, all slot-steps."""
-    rollout = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(r for r, _ in outs))
-    return rollout, {"steps": jnp.max(jnp.stack([c["steps"] for _, c in outs])),
-                     "slot_steps": jnp.sum(jnp.stack([c["slot_steps"] for _, c in outs]))}
 
 
 def _pad_id(pad_id, eos_ids) -> int:
@@ -248,9 +157,9 @@ def _check_prompts(tokens, mask):
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 8))
 def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: int, params, prompt_tokens,
               prompt_mask, key, table_rows: int | None = None, first_row=0) -> tuple[Rollout, dict]:
-    """table_rows: the rows of a batch split over several programs (`_in_parts`), of which these prompts' rows
-    are rows [first_row, first_row + rows) (first_row traced: one program for every block); they draw that
-    block of the batch's random numbers."""
+    """table_rows: the rows of a batch split over several programs (`parts.run_in_parts`), of which these
+    prompts' rows are rows [first_row, first_row + rows) (first_row traced: one program for every block); they
+    draw that block of the batch's random numbers."""
     model = nnx.merge(graphdef, params)
     prompts = _prefill(model, prompt_tokens, prompt_mask)
     # one static batch (no slots): every row takes its slot once, before the loop, which then has no refill;

@@ -129,7 +129,7 @@ def threads_per_call(params) -> bool:
     from one thread run one after the other, each leaving part of the cores idle (a decode step's ops are
     small); from a thread each they overlap. The GRPO bench's plain and reflection calls took 0.17 s together
     against 0.22 s in turn, with the same tokens to the bit: a call's numbers do not depend on what else runs.
-    (`generate` also splits a small model's call into parts, `sampler.auto_parts`; all calls' parts then share
+    (`generate` also splits a small model's call into parts, `parts.auto_parts`; all calls' parts then share
     the cores: 0.13 s.) Programs spread over several devices keep one thread: two in flight at once could
     reach their collectives in different orders and deadlock (see `_join`)."""
     if jax.process_count() != 1:
