@@ -97,6 +97,7 @@ def worker_r3jax(out, folder: str, case: dict, _threads: int | None) -> None:
 
     from r3jax import model as rm
     from r3jax.sampling import generate
+    from r3jax.sampling import parts as sampling_parts
 
     model, _ = rm.load_pretrained(folder)
     params = rm.split_params(model)
@@ -129,6 +130,8 @@ def worker_r3jax(out, folder: str, case: dict, _threads: int | None) -> None:
                 "matmul": lambda: mm(a, b).block_until_ready()},
           {"greedy": lambda steps: {"tokens": np.asarray(sample(steps, 0.0).tokens).tolist()}},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
+           # how many programs generate split each call into (`parts.auto_parts`: one per core for small models)
+           "parts": sampling_parts.auto_parts(prompts, model.mesh, model.config),
            "versions": {"jax": jax.__version__}})
 
 
