@@ -36,9 +36,9 @@ class SamplingConfig:
     static batch's G samples read their prompt from one copy where they can (`slots.shares_prompts`),
     which is faster; the rollout equals the copied one up to float rounding (the prompt is its own block
     of the attention's online softmax), so a draw whose number lands within ~1e-6 of a token's CDF
-    boundary can flip. Off by default, so that a key gives the same tokens whatever `slots` and `parts` (a
-    batch of another size may round a log-prob 1 ulp apart, never a whole attention block's sum); the
-    training loop and eval.py turn it on.
+    boundary can flip. Off by default, so that a key gives the same rollout whatever `slots` and `parts` up
+    to the rounding of a batch of another size (log-probs 1 ulp apart at most seen; a draw would have to land
+    within that of a CDF boundary to flip); the training loop and eval.py turn it on.
     """
 
     max_new_tokens: int
