@@ -131,7 +131,7 @@ def worker_r3jax(out, folder: str, case: dict, _threads: int | None) -> None:
           {"greedy": lambda steps: {"tokens": np.asarray(sample(steps, 0.0).tokens).tolist()}},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
            # how many programs generate split each call into (`parts.auto_parts`: one per core for small models)
-           "parts": sampling_parts.auto_parts(prompts, model.mesh, model.config),
+           "parts": sampling_parts.auto_parts(prompts, params[1], model.config),
            "versions": {"jax": jax.__version__}})
 
 

@@ -34,7 +34,7 @@ def cores() -> int:
 RUNNING = threading.BoundedSemaphore(cores())
 
 
-def auto_parts(prompt_tokens, mesh, config) -> int:
+def auto_parts(prompt_tokens, params, config) -> int:
     """`generate`'s default `parts` for a static batch: on a CPU with one process and one device, for a model
     whose MLP matrices hold at most `PARTS_MAX_MLP_WEIGHTS` weights (hidden x intermediate), the largest divisor
     of the prompt count P up to the cores this process may use; else 1. A larger model's ops already spread over
@@ -43,7 +43,8 @@ def auto_parts(prompt_tokens, mesh, config) -> int:
     1.44-1.74 (16-128 rows), D256 x F768 1.36-1.50, D512 x F1536 0.86-1.12 (32-256 rows); D1536 x F8960 (2
     layers, 16 rows) 0.55. The GRPO bench's call (8 prompts x 8 samples): 0.145-0.160 s as one program,
     0.085-0.093 s as two, 0.10-0.16 s as four. Equal parts: one compiled program."""
-    if not splittable(prompt_tokens, mesh) or _device(mesh).platform != "cpu":
+    device = _one_device(prompt_tokens, params)
+    if device is None or device.platform != "cpu":
         return 1
     if config.hidden_size * config.intermediate_size > PARTS_MAX_MLP_WEIGHTS:
         return 1
@@ -51,47 +52,53 @@ def auto_parts(prompt_tokens, mesh, config) -> int:
     return max(d for d in range(1, min(cores(), p) + 1) if p % d == 0)
 
 
-def splittable(prompt_tokens, mesh) -> bool:
-    """Whether a call may run as several programs at once: one process, one device, concrete prompts. Programs
-    over several devices stay whole (two in flight at once could reach their collectives in different orders
-    and deadlock), and so does a traced call (inside another jit)."""
-    if isinstance(prompt_tokens, jax.core.Tracer) or jax.process_count() != 1:
-        return False
-    return mesh is None or mesh.devices.size == 1
+def one_device(params) -> bool:
+    """One process, and every parameter on one device: where several programs may run at once from threads of
+    their own (a sampler call's parts, a training step's sampler calls). Programs over several devices run one
+    at a time: two in flight at once could reach their collectives in different orders and deadlock."""
+    return _one_device(None, params) is not None
 
 
-def _device(mesh):
-    return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+def _one_device(prompt_tokens, params):
+    """The device of a one-process, one-device call on concrete inputs, else None (several devices, several
+    processes, or a traced call inside another jit)."""
+    leaves = jax.tree.leaves(params)
+    if jax.process_count() != 1 or any(isinstance(x, jax.core.Tracer) for x in [prompt_tokens, *leaves]):
+        return None
+    devices = {d for x in leaves for d in x.sharding.device_set}
+    return devices.pop() if len(devices) == 1 else None
 
 
-def check_parts(parts, prompt_tokens, mesh, slots) -> int:
+def check_parts(parts, prompt_tokens, params, slots) -> int:
     """An explicit `parts`, refused unless it splits the prompts (and the slots) evenly where a split may run."""
     p = prompt_tokens.shape[0]
     if not (isinstance(parts, int | np.integer) and parts >= 1 and p % parts == 0):
         raise ValueError(f"parts must be a positive divisor of the {p} prompts, got {parts!r}")
     if slots is not None and int(slots) % parts:
         raise ValueError(f"slots={slots} do not split over parts={parts} (each part decodes slots / parts rows)")
-    if parts > 1 and not splittable(prompt_tokens, mesh):
-        raise ValueError(f"parts={parts} needs one process, one device and concrete prompts (not inside jit): "
+    if parts > 1 and _one_device(prompt_tokens, params) is None:
+        raise ValueError(f"parts={parts} needs one process, one device and concrete inputs (not inside jit): "
                          "programs over several devices run whole")
     return int(parts)
 
 
-def run_in_parts(program, prompt_tokens, prompt_mask, key, parts: int, num_samples: int, mesh):
-    """program(tokens, mask, key, table_rows, first_row) -> (rollout, counts) on each of `parts` equal blocks of
-    the prompts, each called from a thread of its own once its inputs are in place; the rollouts joined in
-    prompt order, the steps of the longest block, all slot-steps."""
+def run_in_parts(program, params, prompt_tokens, prompt_mask, key, parts: int, num_samples: int, mesh):
+    """program(params, tokens, mask, key, table_rows, first_row) -> (rollout, counts) on each of `parts` equal
+    blocks of the prompts, each called from a thread of its own once its inputs are in place (on the parameters'
+    device); the rollouts joined in prompt order, the steps of the longest block, all slot-steps."""
     per, rows = prompt_tokens.shape[0] // parts, prompt_tokens.shape[0] * num_samples
     tokens_h, mask_h = np.asarray(prompt_tokens), np.asarray(prompt_mask)  # sliced on the host: no program
+    params, device = jax.block_until_ready(params), _one_device(prompt_tokens, params)
 
     def block(b):
         tokens, mask = tokens_h[b * per:(b + 1) * per], mask_h[b * per:(b + 1) * per]
-        at = sharding.named(mesh, "act_bt", tokens.shape) if mesh is not None else _device(mesh)
+        at = sharding.named(mesh, "act_bt", tokens.shape) if mesh is not None else device
         # every input in place before the call: XLA:CPU runs a program in the calling thread only when its inputs
         # are ready, and queues it behind the others otherwise
         tokens, mask, ready_key = jax.block_until_ready((jax.device_put(tokens, at), jax.device_put(mask, at), key))
         with RUNNING:
-            return jax.block_until_ready(program(tokens, mask, ready_key, rows, np.int32(b * per * num_samples)))
+            return jax.block_until_ready(program(params, tokens, mask, ready_key, rows,
+                                                 np.int32(b * per * num_samples)))
 
     with futures.ThreadPoolExecutor(max_workers=parts) as pool:
         return _join(tuple(pool.map(block, range(parts))))

@@ -123,13 +123,13 @@ def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: 
         raise ValueError(f"slots must be >= 1, got {slots}")
     model = nnx.merge(graphdef, params)  # the mesh and config are static model metadata; merging copies nothing
     mesh = model.mesh
-    parts = (split.auto_parts(prompt_tokens, mesh, model.config) if slots is None else 1) if parts is None else \
-        split.check_parts(parts, prompt_tokens, mesh, slots)
+    parts = (split.auto_parts(prompt_tokens, params, model.config) if slots is None else 1) if parts is None else \
+        split.check_parts(parts, prompt_tokens, params, slots)
     if parts > 1:
         widths, groups = schedule(prompt_tokens.shape[0] // parts, cfg.num_samples,
                                   None if slots is None else int(slots) // parts, mesh)
-        program = functools.partial(_generate, graphdef, cfg, widths, groups, jax.block_until_ready(params))
-        return split.run_in_parts(program, prompt_tokens, prompt_mask, key, parts, cfg.num_samples, mesh)
+        program = functools.partial(_generate, graphdef, cfg, widths, groups)
+        return split.run_in_parts(program, params, prompt_tokens, prompt_mask, key, parts, cfg.num_samples, mesh)
     widths, groups = schedule(prompt_tokens.shape[0], cfg.num_samples, slots, mesh)
     if mesh is not None:
         batch = sharding.named(mesh, "act_bt", prompt_tokens.shape)

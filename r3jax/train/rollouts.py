@@ -23,6 +23,7 @@ from r3jax.rl import batch as rl_batch
 from r3jax.rl import dapo, reflection
 from r3jax.rl.algorithm import RLConfig
 from r3jax.sampling import generate
+from r3jax.sampling import parts as sampling_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,17 +125,14 @@ def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLCon
 
 
 def threads_per_call(params) -> bool:
-    """Whether a step's sampler calls each run from a thread of their own: with one process and every parameter
-    on one device. XLA:CPU runs a program whose inputs are ready in the thread that calls it, so calls made
-    from one thread run one after the other, each leaving part of the cores idle (a decode step's ops are
-    small); from a thread each they overlap. The GRPO bench's plain and reflection calls took 0.17 s together
-    against 0.22 s in turn, with the same tokens to the bit: a call's numbers do not depend on what else runs.
-    (`generate` also splits a small model's call into parts, `parts.auto_parts`; all calls' parts then share
-    the cores: 0.13 s.) Programs spread over several devices keep one thread: two in flight at once could
-    reach their collectives in different orders and deadlock (see `_join`)."""
-    if jax.process_count() != 1:
-        return False
-    return len({d for x in jax.tree.leaves(params) for d in x.sharding.device_set}) == 1
+    """Whether a step's sampler calls each run from a thread of their own: where several programs may run at once
+    (`parts.one_device`: one process, every parameter on one device). XLA:CPU runs a program whose inputs are
+    ready in the thread that calls it, so calls made from one thread run one after the other, each leaving part
+    of the cores idle (a decode step's ops are small); from a thread each they overlap. The GRPO bench's plain
+    and reflection calls took 0.17 s together against 0.22 s in turn, with the same tokens to the bit: a call's
+    numbers do not depend on what else runs. (`generate` also splits a small model's call into parts,
+    `parts.auto_parts`; all calls' parts then share the cores: 0.13 s.)"""
+    return sampling_parts.one_device(params)
 
 
 def _run_now(fn, *args) -> futures.Future:
