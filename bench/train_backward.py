@@ -15,6 +15,12 @@ achieved FLOP/s (6 x forward matmul FLOPs per token) over the matmul's; `torch_f
 same for PyTorch. The record also has the load averages before and after the timed rounds and the CPU other
 processes used during them (`other_cpu_cores_busy`, ours excluded), and per system every call's time, user
 and system CPU seconds and minor page faults (the worker's getrusage around the call).
+
+After the rounds each worker also times the call's matmuls alone (`dot_list`, `dot_floor`): every product of
+the forward and backward, each at its fastest operand layout, summed. `dot_floor_s` gives XLA's (jitted
+`dot_general`, the r3jax worker) and PyTorch's (`torch.bmm`); `dot_floor_ratio` = PyTorch's whole call / XLA's
+floor. Below 1, no XLA program reaches PyTorch's time at this shape on this machine: XLA's dots alone, at
+their best layouts and with nothing else to do, take longer than PyTorch's forward and backward.
 """
 
 from __future__ import annotations
@@ -38,6 +44,86 @@ CASES = {
                           num_attention_heads=12, num_key_value_heads=2), batch=4, seq=512),
 }
 MATMUL_M, MATMUL_K, MATMUL_N = 2048, 1536, 8960  # the reference matmul's [M, K] x [K, N]
+
+
+# ------------------------------------------------------------------------------------------------ dot floor
+
+
+def dot_list(cfg: dict, batch: int, seq: int) -> list[dict]:
+    """Every matmul of one forward + backward at this shape, as [b, m, k] x [b, k, n] products: each projection,
+    the MLP and the head forward (x W), and their input and weight gradients (dY Wᵀ, Xᵀ dY); attention's two
+    forward products (scores, weighted values) and four backward ones, queries grouped per key-value head.
+    `count` is how often a call runs it; attention's is halved (causal: a kernel may skip the masked half), so
+    the list's FLOPs are 3 x `forward_flops_per_token` x tokens exactly."""
+    d, f, v, n, k, layers = (cfg[x] for x in ("hidden_size", "intermediate_size", "vocab_size",
+                                              "num_attention_heads", "num_key_value_heads", "num_hidden_layers"))
+    h, tokens, g = d // n, batch * seq, n // k
+    dots = []
+    for name, (i, o, count) in {"q": (d, n * h, layers), "k,v": (d, k * h, 2 * layers), "o": (n * h, d, layers),
+                                "gate,up": (d, f, 2 * layers), "down": (f, d, layers), "head": (d, v, 1)}.items():
+        for part, (m, kk, nn) in {"fwd": (tokens, i, o), "dx": (tokens, o, i), "dw": (i, tokens, o)}.items():
+            dots.append({"name": f"{name} {part}", "b": 1, "m": m, "k": kk, "n": nn, "count": count})
+    rows, queries = batch * k, g * seq
+    for name, (m, kk, nn) in {"scores": (queries, h, seq), "values": (queries, seq, h),
+                              "d probs": (queries, h, seq), "d values": (seq, queries, h),
+                              "d queries": (queries, seq, h), "d keys": (seq, queries, h)}.items():
+        dots.append({"name": f"attention {name}", "b": rows, "m": m, "k": kk, "n": nn, "count": layers / 2})
+    return dots
+
+
+def dot_floor(dots: list[dict], timer, reps: int = 5) -> dict:
+    """Each dot timed alone in every operand layout (A as [m, k] or [k, m], B as [k, n] or [n, k]; median of
+    `reps` calls after two warm-ups), its best layout kept. timer(b, m, k, n, a_t, b_t) returns a callable that
+    runs the product once and blocks. floor_s = sum of count x best time: the matmul time of a call whose every
+    dot ran at its best standalone layout and nothing else took time."""
+    total, rows = 0.0, []
+    for dot in dots:
+        b, m, k, n = dot["b"], dot["m"], dot["k"], dot["n"]
+        best = None
+        for a_t in (False, True):
+            for b_t in (False, True):
+                fn = timer(b, m, k, n, a_t, b_t)
+                fn(), fn()
+                times = []
+                for _ in range(reps):
+                    start = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - start)
+                s = statistics.median(times)
+                if best is None or s < best[0]:
+                    best = (s, a_t, b_t)
+        total += best[0] * dot["count"]
+        rows.append({**dot, "best_ms": round(best[0] * 1e3, 3), "a_transposed": best[1], "b_transposed": best[2],
+                     "gflops": round(2 * b * m * k * n / best[0] / 1e9, 1)})
+    return {"floor_s": round(total, 4), "dots": rows}
+
+
+def _operands(b, m, k, n, a_t, b_t):
+    import numpy as np
+
+    rng = np.random.RandomState(0)
+    a = rng.standard_normal((b, k, m) if a_t else (b, m, k)).astype(np.float32)
+    w = rng.standard_normal((b, n, k) if b_t else (b, k, n)).astype(np.float32)
+    return a, w
+
+
+def xla_timer(b, m, k, n, a_t, b_t):
+    """One jitted `dot_general` over operands stored in the given layouts."""
+    import jax
+
+    a, w = (jax.device_put(x) for x in _operands(b, m, k, n, a_t, b_t))
+    numbers = (((1 if a_t else 2,), (2 if b_t else 1,)), ((0,), (0,)))
+    product = jax.jit(lambda a, w: jax.lax.dot_general(a, w, numbers))
+    return lambda: product(a, w).block_until_ready()
+
+
+def torch_timer(b, m, k, n, a_t, b_t):
+    """`torch.bmm` over transposed views of operands stored in the given layouts (what autograd hands it)."""
+    import torch
+
+    a, w = (torch.from_numpy(x) for x in _operands(b, m, k, n, a_t, b_t))
+    a, w = (a.transpose(1, 2) if a_t else a), (w.transpose(1, 2) if b_t else w)
+    return lambda: torch.bmm(a, w).numpy()
 
 
 # ---------------------------------------------------------------------------------------------------- workers
@@ -114,7 +200,7 @@ def worker_r3jax(out, folder: str, remat: str) -> None:
     a, b = jnp.ones((MATMUL_M, MATMUL_K)), jnp.ones((MATMUL_K, MATMUL_N))
     mm(a, b).block_until_ready()
     serve(out, {"go": lambda: jax.block_until_ready(call()), "matmul": lambda: mm(a, b).block_until_ready()},
-          {"rusage": rusage},
+          {"rusage": rusage, "dot_floor": lambda dots: dot_floor(dots, xla_timer)},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
            "versions": {"jax": jax.__version__}})
 
@@ -129,7 +215,7 @@ def worker_torch(out, folder: str) -> None:
     start = time.perf_counter()
     step()
     first_s = time.perf_counter() - start
-    serve(out, {"go": step}, {"rusage": rusage},
+    serve(out, {"go": step}, {"rusage": rusage, "dot_floor": lambda dots: dot_floor(dots, torch_timer)},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s": round(first_s, 2),
            "torch_threads": torch.get_num_threads(),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}})
@@ -188,6 +274,8 @@ def run(name: str, case: dict, rounds: int, remat: str) -> dict:
                     for k, ticks in before.items():
                         idle[k] += process_ticks(workers[k].proc.pid) - ticks
                 matmul.append(workers["r3jax"].ask("matmul")["s"])  # between rounds, torch idle
+            dots = dot_list(case["cfg"], b, t)
+            floors = {k: w.ask("dot_floor", dots=dots) for k, w in workers.items()}  # one at a time
             ticks1, wall1 = cpu_ticks(ours), time.perf_counter()
             record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
             pytest_seen |= set(pytest_pids(ours))
@@ -210,6 +298,10 @@ def run(name: str, case: dict, rounds: int, remat: str) -> dict:
         "fraction_of_matmul": round(flops / ours_s / 1e9 / ref, 3),
         "torch_fraction_of_matmul": round(flops / theirs_s / 1e9 / ref, 3),
         "jitted_matmul_gflops": round(ref, 1), "matmul_s": summary(matmul),
+        "dot_floor_s": {k: f["floor_s"] for k, f in floors.items()},
+        "dot_floor_ratio": round(theirs_s / floors["r3jax"]["floor_s"], 3),
+        "dot_floor_ms": {x["name"]: [x["best_ms"], y["best_ms"]]
+                         for x, y in zip(floors["r3jax"]["dots"], floors["torch"]["dots"], strict=True)},
         "r3jax_first_call_s_incl_compile": ready["r3jax"]["first_call_s_incl_compile"],
         "torch_first_call_s": ready["torch"]["first_call_s"], "torch_threads": ready["torch"]["torch_threads"],
         **{k: {**summary(times[k]), **{f"{u}_per_call": [round(v, 2) for v in per_call[k][u]] for u in per_call[k]},

@@ -131,3 +131,28 @@ def test_the_backward_bench_times_the_same_likelihood_in_both_systems(tmp_path, 
         ours, theirs = np.asarray(grads[name][...]), -predicted * weight.grad.numpy()
         theirs = theirs.T if theirs.shape != ours.shape else theirs
         np.testing.assert_allclose(ours, theirs, atol=1e-4 * np.abs(theirs).max(), err_msg=name)
+
+
+def test_the_backward_bench_floor_holds_every_flop_and_times_the_product_in_each_layout():
+    """bench/train_backward.py's dot floor: its products hold exactly the bench's FLOP count (3 x the forward's,
+    causal attention halved), and in each of the four operand layouts both timers compute [b, m, k] x [b, k, n]
+    of the stored operands (a layout that computed something else would time the wrong work)."""
+    bench = _load("train_backward")
+    from model_forward import forward_flops_per_token
+
+    cfg = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2)
+    dots = bench.dot_list(cfg, batch=3, seq=16)
+    flops = sum(2 * x["b"] * x["m"] * x["k"] * x["n"] * x["count"] for x in dots)
+    assert flops == pytest.approx(3 * forward_flops_per_token(cfg, 16) * 3 * 16, rel=1e-12)
+
+    for a_t in (False, True):
+        for b_t in (False, True):
+            a, w = bench._operands(2, 5, 3, 4, a_t, b_t)
+            expected = (a.transpose(0, 2, 1) if a_t else a) @ (w.transpose(0, 2, 1) if b_t else w)
+            assert expected.shape == (2, 5, 4)
+            for timer in (bench.xla_timer, bench.torch_timer):
+                got = np.asarray(timer(2, 5, 3, 4, a_t, b_t)())
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{timer.__name__} {a_t} {b_t}")
+    floor = bench.dot_floor(dots[:2], bench.xla_timer, reps=1)
+    assert floor["floor_s"] == pytest.approx(sum(x["best_ms"] / 1e3 * x["count"] for x in floor["dots"]), abs=1e-3)
