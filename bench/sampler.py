@@ -19,9 +19,11 @@ over the first few steps, the 1/5/15-minute load averages before and after the t
 that other processes used during them (cores busy, from /proc, ours excluded), plus any pytest seen running;
 per system, "cpu_s_while_others_timed" checks that an idle worker really stays idle.
 
-Each case also times a floor: only the weight matmuls of `new` decode steps at batch B (every projection,
-MLP and the vocabulary head, [out, in] weights, chained so nothing is elided), jitted as one loop in the
-r3jax worker, and the same matmuls in torch in the transformers worker. `matmul_floor_ratio` = (tokens/s if
+Each case also times a floor: only the weight matmuls of a call, its prefill (B x prompt tokens through
+every projection and MLP, the vocabulary head on each prompt's last token) and `new` decode steps at batch B
+(every projection, MLP and the head), chained so nothing is elided, jitted as one loop in the r3jax worker, and the
+same matmuls in torch in the transformers worker, each with the weights stored [out, in] and [in, out]
+(`matmul_floor_by_layout_s`); each system's floor is its faster layout. `matmul_floor_ratio` = (tokens/s if
 a decode step cost only its XLA matmuls) / transformers tokens/s: the highest ratio any XLA sampler could
 reach on this machine at that shape. The wide case also reports r3jax's achieved FLOP/s against a jitted
 matmul timed in the r3jax worker.
@@ -30,6 +32,7 @@ matmul timed in the r3jax worker.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -64,7 +67,8 @@ def decode_flops_per_token(c: dict, cache_len: float) -> float:
 
 
 def floor_weights(c: dict, batch: int):
-    """Random [out, in] weights of every layer's projections and MLP, the head, and a [batch, D] input."""
+    """Random [out, in] weights of every layer's projections and MLP, the head, and the prefill's input:
+    [batch x PROMPT, D], the prompts' tokens of every row."""
     import numpy as np
 
     d, f, n, k, layers = (c[x] for x in ("hidden_size", "intermediate_size", "num_attention_heads",
@@ -74,17 +78,39 @@ def floor_weights(c: dict, batch: int):
     rng = np.random.RandomState(1)
     weights = [[rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes] for _ in range(layers)]
     head = rng.standard_normal((VOCAB, d)).astype(np.float32) * 0.02
-    return weights, head, rng.standard_normal((batch, d)).astype(np.float32)
+    return weights, head, rng.standard_normal((batch * PROMPT, d)).astype(np.float32)
 
 
-def floor_step(x, layers, head, keepdims: dict):
-    """One decode step's weight matmuls, chained; works on jax arrays and torch tensors alike."""
+FLOOR_LAYOUTS = ("out_in", "in_out")  # the floor's weights as stored by HF's Linear ([out, in]) or transposed
+
+
+def in_out(weights: list, head):
+    """`floor_weights`' weights and head transposed to [in, out] (contiguous copies)."""
+    import numpy as np
+
+    return [[np.ascontiguousarray(w.T) for w in layer] for layer in weights], np.ascontiguousarray(head.T)
+
+
+def floor_step(x, layers, head, keepdims: dict, layout: str = "out_in", head_rows: int | None = None):
+    """One step's weight matmuls, chained; works on jax arrays and torch tensors alike. layout: how the weights
+    are stored, [out, in] (read as w.T) or [in, out]. head_rows: only the last rows reach the head (and the
+    result), as in a prefill, where only each prompt's last token is sampled from."""
+    mm = (lambda x, w: x @ w.T) if layout == "out_in" else (lambda x, w: x @ w)
     for wq, wk, wv, wo, wg, wu, wd in layers:
-        q = x @ wq.T
-        kv = (x @ wk.T).sum() + (x @ wv.T).sum()
-        x = x + (q @ wo.T) * 1e-3 + kv * 1e-6
-        x = x + ((x @ wg.T) * (x @ wu.T)) @ wd.T * 1e-3
-    return x + (x @ head.T).mean(-1, **keepdims) * 1e-3
+        q = mm(x, wq)
+        kv = mm(x, wk).sum() + mm(x, wv).sum()
+        x = x + mm(q, wo) * 1e-3 + kv * 1e-6
+        x = x + mm(mm(x, wg) * mm(x, wu), wd) * 1e-3
+    x = x if head_rows is None else x[-head_rows:]
+    return x + mm(x, head).mean(-1, **keepdims) * 1e-3
+
+
+def floor_call(x, layers, head, keepdims: dict, layout: str, steps: int, loop):
+    """A call's weight matmuls: the prefill's (`floor_weights`' input), then `steps` decode steps at the batch
+    (the prefill's last rows, one per prompt) in loop(steps, body, x)."""
+    rows = x.shape[0] // PROMPT
+    x = floor_step(x, layers, head, keepdims, layout, head_rows=rows)
+    return loop(steps, lambda x: floor_step(x, layers, head, keepdims, layout), x)
 
 
 # ---------------------------------------------------------------------------------------------------- workers
@@ -115,18 +141,25 @@ def worker_r3jax(out, folder: str, case: dict, _threads: int | None) -> None:
         return result
 
     weights, head, x0 = floor_weights(case, prompts.shape[0])
-    loop = jax.jit(lambda x, ws, hw: jax.lax.fori_loop(0, new, lambda _, x: floor_step(x, ws, hw, {"keepdims": True}),
-                                                       x))
-    ws_j, hw_j = jax.device_put(weights), jax.device_put(head)
+    stored = {"out_in": (weights, head), "in_out": in_out(weights, head)}
+    floors = {}
+    for layout in FLOOR_LAYOUTS:
+        loop = jax.jit(functools.partial(
+            floor_call, keepdims={"keepdims": True}, layout=layout, steps=new,
+            loop=lambda steps, body, x: jax.lax.fori_loop(0, steps, lambda _, x: body(x), x)))
+        ws_j, hw_j = jax.device_put(stored[layout])
+        floors[f"floor_{layout}"] = functools.partial(lambda loop, ws, hw: loop(x0, ws, hw).block_until_ready(),
+                                                      loop, ws_j, hw_j)
     mm = jax.jit(lambda a, b: a @ b)
     a, b = jax.numpy.ones((MATMUL_M, MATMUL_K)), jax.numpy.ones((MATMUL_K, MATMUL_N))
 
     start = time.perf_counter()
     sample(new, 1.0)
     first_s = time.perf_counter() - start
-    loop(x0, ws_j, hw_j).block_until_ready()
+    for floor in floors.values():
+        floor()
     mm(a, b).block_until_ready()
-    serve(out, {"generate": lambda: sample(new, 1.0), "floor": lambda: loop(x0, ws_j, hw_j).block_until_ready(),
+    serve(out, {"generate": lambda: sample(new, 1.0), **floors,
                 "matmul": lambda: mm(a, b).block_until_ready()},
           {"greedy": lambda steps: {"tokens": np.asarray(sample(steps, 0.0).tokens).tolist()}},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
@@ -160,21 +193,31 @@ def worker_transformers(out, folder: str, case: dict, threads: int | None) -> No
         return result[:, prompts.shape[1]:]
 
     weights, head, x0 = floor_weights(case, prompts.shape[0])
-    ws_t = [[torch.from_numpy(w) for w in layer] for layer in weights]
-    hw_t, x_t = torch.from_numpy(head), torch.from_numpy(x0)
+    stored = {"out_in": (weights, head), "in_out": in_out(weights, head)}
+    x_t = torch.from_numpy(x0)
 
-    def floor():
-        with torch.no_grad():
-            x = x_t
-            for _ in range(new):
-                x = floor_step(x, ws_t, hw_t, {"keepdim": True})
+    def loop(steps, body, x):
+        for _ in range(steps):
+            x = body(x)
         return x
+
+    def floor(layout: str):
+        ws_t = [[torch.from_numpy(w) for w in layer] for layer in stored[layout][0]]
+        hw_t = torch.from_numpy(stored[layout][1])
+
+        def run():
+            with torch.no_grad():
+                return floor_call(x_t, ws_t, hw_t, {"keepdim": True}, layout, new, loop)
+        return run
+
+    floors = {f"floor_{layout}": floor(layout) for layout in FLOOR_LAYOUTS}
 
     start = time.perf_counter()
     sample(new, greedy=False)
     first_s = time.perf_counter() - start
-    floor()
-    serve(out, {"generate": lambda: sample(new, greedy=False), "floor": floor},
+    for run in floors.values():
+        run()
+    serve(out, {"generate": lambda: sample(new, greedy=False), **floors},
           {"greedy": lambda steps: {"tokens": sample(steps, greedy=True).tolist()}},
           {"ready": True, "load_s": round(load_s, 2), "first_call_s_incl_compile": round(first_s, 2),
            "torch_threads": torch.get_num_threads(),
@@ -344,10 +387,17 @@ def run(name: str, case: dict, args) -> dict:
                 "steps": steps, **{k: agreement(greedy[k], greedy["transformers"]) for k in workers
                                    if k != "transformers"}}
 
-            floor = alternate_workers({k: workers[k] for k in ("r3jax", "transformers")}, "floor", args.rounds)
-            floor_xla, floor_torch = statistics.median(floor["r3jax"]), statistics.median(floor["transformers"])
+            pair = {k: workers[k] for k in ("r3jax", "transformers")}
+            floor = {layout: {k: statistics.median(v)
+                              for k, v in alternate_workers(pair, f"floor_{layout}", args.rounds).items()}
+                     for layout in FLOOR_LAYOUTS}
+            floor_xla = min(f["r3jax"] for f in floor.values())
+            floor_torch = min(f["transformers"] for f in floor.values())
             record.update(matmul_floor_xla_s=round(floor_xla, 3), matmul_floor_torch_s=round(floor_torch, 3),
-                          matmul_floor_ratio=round(record["transformers"]["median_s"] / floor_xla, 2))
+                          matmul_floor_ratio=round(record["transformers"]["median_s"] / floor_xla, 2),
+                          matmul_floor_by_layout_s={layout: {"xla": round(f["r3jax"], 3),
+                                                             "torch": round(f["transformers"], 3)}
+                                                    for layout, f in floor.items()})
             if name == "wide":
                 mm = alternate_workers({"r3jax": workers["r3jax"]}, "matmul", args.rounds)["r3jax"]
                 ref = 2 * MATMUL_M * MATMUL_K * MATMUL_N / statistics.median(mm) / 1e9

@@ -156,3 +156,27 @@ def test_the_backward_bench_floor_holds_every_flop_and_times_the_product_in_each
                 np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{timer.__name__} {a_t} {b_t}")
     floor = bench.dot_floor(dots[:2], bench.xla_timer, reps=1)
     assert floor["floor_s"] == pytest.approx(sum(x["best_ms"] / 1e3 * x["count"] for x in floor["dots"]), abs=1e-3)
+
+
+def test_the_sampler_bench_floor_does_the_same_products_in_both_weight_layouts():
+    """bench/sampler.py's matmul floor (a prefill of every prompt token, then decode steps on each prompt's
+    last row), with the weights stored [out, in] (HF's) or transposed to [in, out]: both layouts chain the
+    same products to the same result, so the faster one is a fair floor."""
+    bench = _load("sampler")
+    case = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                num_hidden_layers=2)
+    weights, head, x = bench.floor_weights(case, batch=3)
+    assert x.shape == (3 * bench.PROMPT, 32)
+
+    def loop(steps, body, x):
+        for _ in range(steps):
+            x = body(x)
+        return x
+
+    results = {}
+    for layout in bench.FLOOR_LAYOUTS:
+        ws, hw = (weights, head) if layout == "out_in" else bench.in_out(weights, head)
+        assert ws[0][4].shape == ((64, 32) if layout == "out_in" else (32, 64))
+        results[layout] = bench.floor_call(x, ws, hw, {"keepdims": True}, layout, 4, loop)
+    assert results["out_in"].shape == (3, 32)
+    np.testing.assert_allclose(results["in_out"], results["out_in"], rtol=1e-6)
