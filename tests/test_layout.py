@@ -52,8 +52,9 @@ def test_choose_covers_the_longest_response_and_every_replayed_one():
     buf = replay.insert(buf, [1], jnp.ones((1, 16), jnp.int32), [5], [True], [True], step=0)
     verdicts = [[True, False], [False, False], [True, True], [True, False]]
     collapsed = batch([[3, 2], [1, 3], [2, 2], [3, 3]], verdicts)
-    # 5 -> 8 columns; 1 replayed row, rounded up to a quarter of P·k = 8 slots: 8 + 2 rows split in 2
-    assert layout.choose(cfg, buf, collapsed) == layout.Layout(width=8, replay_rows=2)
+    # 5 -> 8 columns; 1 replayed row, rounded up to a quarter of P·k = 8 slots: 8 + 2 rows split in 2; the 2
+    # replay rows apart, so the 8 on-policy rows train in micro-batches of whole groups
+    assert layout.choose(cfg, buf, collapsed) == layout.Layout(width=8, replay_rows=2, replay_apart=True)
     off = algorithm.algorithm_config("r3", max_response_tokens=16, bucket_min_width=0, bucket_replay=False)
     assert layout.choose(off, buf, collapsed) == layout.full(off, collapsed) == layout.Layout(16, 8)
     grpo = algorithm.algorithm_config("grpo", max_response_tokens=16, bucket_min_width=2)

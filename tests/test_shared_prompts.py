@@ -170,16 +170,22 @@ def test_groups_must_cover_the_rows():
                                     group_size=4)
 
 
-@pytest.mark.parametrize("groups, g, replay_rows, micro, narrow", [
-    (4, 2, 0, 1, 0), (4, 2, 0, 2, 0), (4, 2, 0, 4, 0), (4, 2, 0, 8, 0), (4, 2, 4, 2, 0), (8, 8, 0, 1, 6),
-    (10, 8, 0, 2, 8), (10, 8, 16, 2, 8), (3, 4, 0, 3, 2), (4, 1, 0, 1, 0)])
+@pytest.mark.parametrize("groups, g, replay_rows, micro, narrow, apart", [
+    (4, 2, 0, 1, 0, False), (4, 2, 0, 2, 0, False), (4, 2, 0, 4, 0, False), (4, 2, 0, 8, 0, False),
+    (4, 2, 4, 2, 0, False), (8, 8, 0, 1, 6, False), (10, 8, 0, 2, 8, False), (10, 8, 16, 2, 8, False),
+    (3, 4, 0, 3, 2, False), (4, 1, 0, 1, 0, False), (4, 2, 4, 1, 0, True), (4, 2, 4, 2, 0, True),
+    (8, 8, 16, 2, 0, True), (10, 8, 16, 2, 8, True), (10, 8, 16, 2, 10, True), (4, 3, 6, 3, 0, True)])
 def test_segments_read_prompts_by_group_exactly_when_their_micro_batches_are_whole_groups(groups, g, replay_rows,
-                                                                                        micro, narrow):
+                                                                                        micro, narrow, apart):
     """`Segment.group_rows` is G exactly when every micro-batch of the segment is whole groups of G > 1
     on-policy rows in group order (what `attend_shared_prefix` assumes), checked against the rows' own groups."""
-    lay = layout.Layout(width=4, replay_rows=replay_rows, narrow_groups=narrow, narrow_prompt_width=2 if narrow else 0)
+    lay = layout.Layout(width=4, replay_rows=replay_rows, narrow_groups=narrow, narrow_prompt_width=2 if narrow else 0,
+                        replay_apart=apart)
     ids = np.concatenate([np.repeat(np.arange(groups), g), -1 - np.arange(replay_rows)])  # replay rows: no order
-    for seg in layout.segments(lay, micro, groups, g, 4):
+    segs = layout.segments(lay, micro, groups, g, 4)
+    assert [s.start for s in segs] == list(np.cumsum([0] + [s.rows for s in segs[:-1]]))  # in row order, no gap
+    assert sum(s.rows for s in segs) == len(ids)
+    for seg in segs:
         if seg.rows % seg.micro_batches:
             continue
         n = seg.rows // seg.micro_batches

@@ -57,7 +57,7 @@ def test_the_bucketed_layout_trains_like_the_padded_one(name, stored):
     if stored:
         state = with_three_stored(state)
     chosen = layout.choose(cfg, state.buffer, batch)
-    assert chosen == layout.Layout(width=4, replay_rows=4 if stored else 0)
+    assert chosen == layout.Layout(width=4, replay_rows=4 if stored else 0, replay_apart=stored)
     step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
     padded, padded_m = step(jax.tree.map(jnp.copy, state), batch)
     bucketed, bucketed_m = step(state, batch, chosen)
@@ -80,7 +80,8 @@ def test_rows_sharing_their_prompt_train_like_rows_that_each_run_it(name, micro,
         cfg, tx, graphdef, state = setup(name, sgd=True, num_micro_batches=micro, share_prompts=share, beta=beta)
         if name == "r3":
             state = with_three_stored(state)
-        chosen = layout.choose(cfg, state.buffer, batch)
+        # the replay rows among the on-policy ones (in a segment of their own: `test_replay_rows_train_apart...`)
+        chosen = dataclasses.replace(layout.choose(cfg, state.buffer, batch), replay_apart=False)
         shared = train_step.shared_prompts(cfg, train_step.segments(cfg, batch, chosen)[0])
         assert (shared is not None) == share
         if share:  # GRPO's rows are whole groups in order: read by group; R³'s replay rows break the order
@@ -147,6 +148,7 @@ def test_plain_rows_train_at_their_own_prompt_width_like_all_rows_together(name,
         state = with_three_stored(state)
     chosen = layout.choose(cfg, state.buffer, batch)
     assert (chosen.narrow_groups, chosen.narrow_prompt_width, chosen.prompt_width) == (2, 2, None)
+    chosen = dataclasses.replace(chosen, replay_apart=False)  # replay rows apart: the next test
     segs = train_step.segments(cfg, batch, chosen)
     assert [(s.rows, s.prompt_width) for s in segs] == [(2 * G, 2), (2 * G + chosen.replay_rows, TP)]
     step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
@@ -155,6 +157,42 @@ def test_plain_rows_train_at_their_own_prompt_width_like_all_rows_together(name,
     if name == "r3":
         assert float(apart_m["r3/ccr_appended"]) == 3.0
     assert_same_step(apart, apart_m, together, together_m)
+
+
+@pytest.mark.parametrize("name, micro, beta, reflection", [("r3", 1, 0.0, False), ("r3", 2, 0.04, False),
+                                                           ("r3", 1, 0.0, True), ("r3", 2, 0.04, True)])
+def test_replay_rows_train_apart_like_rows_that_join_the_on_policy_ones(name, micro, beta, reflection):
+    """CCR's replay rows in a segment of their own, after the on-policy rows, which then read their prompts group
+    by group: same params, metrics and buffer as the replay rows in the on-policy rows' last segment. Plain
+    questions only (one on-policy segment), and with reflection groups (narrow plain rows, the reflection
+    groups' rows, the replay rows)."""
+    batch = reflection_batch() if reflection else short_batch(
+        [[False, False], [True, True], [True, False], [False, False]], 3, np.zeros((P, G), bool))
+    cfg, tx, graphdef, state = setup(name, sgd=True, num_micro_batches=micro, beta=beta, bucket_min_width=1)
+    state = with_three_stored(state)
+    chosen = layout.choose(cfg, state.buffer, batch)
+    assert chosen.replay_apart and chosen.replay_rows == 4
+    segs = train_step.segments(cfg, batch, chosen)
+    on_policy = [(2 * G, 2), (2 * G, TP)] if reflection else [(P * G, TP)]
+    assert [(s.rows, s.prompt_width) for s in segs] == on_policy + [(4, TP)]
+    assert [s.group_rows for s in segs] == [G] * len(on_policy) + [0]
+    joined = dataclasses.replace(chosen, replay_apart=False)
+    assert train_step.segments(cfg, batch, joined)[-1].group_rows == 0  # a replay row among them: row by row
+    step = train_step.make_train_step(graphdef, cfg, tx, state, batch)
+    together, together_m = step(jax.tree.map(jnp.copy, state), batch, joined)
+    apart, apart_m = step(state, batch, chosen)
+    assert float(apart_m["r3/ccr_appended"]) == 3.0
+    assert_same_step(apart, apart_m, together, together_m)
+
+
+def test_replay_rows_stay_with_the_on_policy_rows_where_apart_gains_nothing_or_would_not_split():
+    """Without shared prompts no row reads its prompt by group, so the replay rows stay; with micro-batches of
+    3 of the 8 + 4 rows (4 micro-batches), the on-policy rows would not split into whole micro-batches."""
+    batch = short_batch([[False, False], [True, True], [True, False], [False, False]], 3, np.zeros((P, G), bool))
+    for kw in (dict(share_prompts=False), dict(num_micro_batches=4)):
+        cfg = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=1, **kw)
+        chosen = layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, batch)
+        assert chosen.replay_rows == 4 and not chosen.replay_apart, kw
 
 
 def test_a_narrow_segment_is_left_out_when_its_rows_would_not_split():

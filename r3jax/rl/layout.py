@@ -22,7 +22,9 @@ Prompts differ in width: ISR's reflection prompts carry a past answer and are ab
 questions before them. With `narrow_groups` set, the loss runs in two segments (`segments`): the on-policy rows
 of the first `narrow_groups` groups (the plain ones) at their own prompt width `narrow_prompt_width`, then the
 rest (reflection groups, replay rows) at `prompt_width`, each split into micro-batches of at most the rows that
-`num_micro_batches` gives the whole loss.
+`num_micro_batches` gives the whole loss. And with `replay_apart`, the replay rows train in a segment of their
+own after the on-policy rows: a micro-batch of whole groups in group order reads each prompt once per group in
+attention (`Segment.group_rows`), one that holds a replay row reads every prompt row by row.
 
 Buckets keep the number of compiled step programs small (one per layout a run meets): W and Wp are powers of
 two of at least `RLConfig.bucket_min_width`, capped at T and at the prompts' width (`bucket_min_width = 0`:
@@ -55,6 +57,7 @@ class Layout:
     groups: int | None = None        # the first `groups` of the P groups have on-policy rows (None: all P)
     narrow_groups: int = 0           # the first groups' on-policy rows train apart at narrow_prompt_width (0: no)
     narrow_prompt_width: int = 0
+    replay_apart: bool = False       # the replay rows train in a segment of their own, after the on-policy rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,25 +76,29 @@ class Segment:
 
 
 def segments(layout: Layout, num_micro_batches: int, p: int, g: int, prompt_columns: int) -> tuple[Segment, ...]:
-    """The loss's row segments for a layout of P groups of G (prompts of `prompt_columns`): one, or two with
-    `narrow_groups` (the narrow on-policy rows, then the rest). A segment's micro-batches hold at most
-    rows / num_micro_batches rows, as the single segment's do; whether its rows split evenly is `_splits`'s
-    (and `choose`'s) concern."""
-    groups = layout.groups or p
-    rows = groups * g + layout.replay_rows
+    """The loss's row segments for a layout of P groups of G (prompts of `prompt_columns`), in row order: the
+    narrow on-policy rows (with `narrow_groups`), the other on-policy rows, and the replay rows, which join
+    the on-policy rows before them unless `replay_apart`. One segment runs in `num_micro_batches`
+    micro-batches; with several, each runs in micro-batches of at most rows / num_micro_batches rows.
+    Whether a segment's rows split evenly is `_splits`'s (and `choose`'s) concern."""
+    groups, replay_rows = layout.groups or p, layout.replay_rows
     wide = layout.prompt_width or prompt_columns
-    if not layout.narrow_groups:
-        return (Segment(0, rows, wide, num_micro_batches,
-                        shared_prompts(groups, g, layout.replay_rows, num_micro_batches),
-                        _group_rows(rows, num_micro_batches, g, layout.replay_rows)),)
-    per = rows // num_micro_batches
-    narrow, rest = layout.narrow_groups * g, rows - layout.narrow_groups * g
-    m_narrow, m_rest = -(-narrow // per), -(-rest // per)
-    return (Segment(0, narrow, layout.narrow_prompt_width, m_narrow,
-                    shared_prompts(layout.narrow_groups, g, 0, m_narrow), _group_rows(narrow, m_narrow, g, 0)),
-            Segment(narrow, rest, wide, m_rest,
-                    shared_prompts(groups - layout.narrow_groups, g, layout.replay_rows, m_rest),
-                    _group_rows(rest, m_rest, g, layout.replay_rows)))
+    parts = []  # (first group, groups, replay rows, prompt width) of each segment
+    if layout.narrow_groups:
+        parts.append((0, layout.narrow_groups, 0, layout.narrow_prompt_width))
+    rest = groups - layout.narrow_groups
+    if layout.replay_apart and replay_rows:
+        parts += [(layout.narrow_groups, rest, 0, wide)] * bool(rest) + [(groups, 0, replay_rows, wide)]
+    else:
+        parts.append((layout.narrow_groups, rest, replay_rows, wide))
+    per = (groups * g + replay_rows) // num_micro_batches
+    segs = []
+    for first, count, replayed, width in parts:
+        rows = count * g + replayed
+        m = num_micro_batches if len(parts) == 1 else -(-rows // per)
+        segs.append(Segment(first * g, rows, width, m, shared_prompts(count, g, replayed, m),
+                            _group_rows(rows, m, g, replayed)))
+    return tuple(segs)
 
 
 def _group_rows(rows: int, micro_batches: int, g: int, replay_rows: int) -> int:
@@ -189,9 +196,10 @@ def choose(cfg: RLConfig, buffer, batch, mesh=None) -> Layout:
         groups = p
         rows = replay_bucket(needed, p * g, padded.replay_rows, multiple) if k else 0
     chosen = Layout(width=width, replay_rows=rows, prompt_width=prompt_width, groups=None if groups == p else groups)
-    return _narrowed(chosen, cfg, p, g, prompt_columns, plain, width_bucket(plain_longest, prompt_columns,
-                                                                             cfg.bucket_min_width),
-                     sharding.batch_devices(mesh))
+    devices = sharding.batch_devices(mesh)
+    chosen = _narrowed(chosen, cfg, p, g, prompt_columns, plain, width_bucket(plain_longest, prompt_columns,
+                                                                               cfg.bucket_min_width), devices)
+    return _replay_apart(chosen, cfg, p, g, prompt_columns, devices)
 
 
 def _narrowed(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int, plain: int, narrow_width: int,
@@ -206,3 +214,17 @@ def _narrowed(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int
     narrowed = dataclasses.replace(chosen, narrow_groups=plain, narrow_prompt_width=narrow_width)
     segs = segments(narrowed, cfg.num_micro_batches, p, g, prompt_columns)
     return narrowed if _splits(segs, devices) else chosen
+
+
+def _replay_apart(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int, devices: int) -> Layout:
+    """`chosen` with its replay rows in a segment of their own, when that lets on-policy rows read their prompts
+    group by group (`Segment.group_rows`: a micro-batch holding a replay row reads every prompt row by row) and
+    every segment still splits over its micro-batches and the devices; else `chosen`. Only with shared prompts:
+    without them no row reads its prompt by group anyway."""
+    if not (cfg.share_prompts and chosen.replay_rows):
+        return chosen
+    apart = dataclasses.replace(chosen, replay_apart=True)
+    segs = segments(apart, cfg.num_micro_batches, p, g, prompt_columns)
+    grouped = lambda layout: sum(s.rows for s in segments(layout, cfg.num_micro_batches, p, g, prompt_columns)
+                                 if s.group_rows)  # noqa: E731
+    return apart if _splits(segs, devices) and grouped(apart) > grouped(chosen) else chosen

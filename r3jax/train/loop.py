@@ -180,7 +180,7 @@ def train(run: Run, workdir: str) -> int:
                 "layout/width": layout.width, "layout/replay_rows": layout.replay_rows,
                 "layout/prompt_width": layout.prompt_width or got.batch.prompt_tokens.shape[1],
                 "layout/groups": layout.groups or got.batch.tokens.shape[0],
-                "layout/narrow_groups": layout.narrow_groups,
+                "layout/narrow_groups": layout.narrow_groups, "layout/replay_apart": float(layout.replay_apart),
                 "time/sample_s": got.sample_s, "time/grade_s": got.grade_s, "time/train_s": t2 - t1,
                 "time/eval_s": t3 - t2, "time/other_s": (time.perf_counter() - t0) - (t3 - t1) - got.sample_s
                 - got.grade_s, "tokens_per_s": got.generated_tokens / (time.perf_counter() - t0)})
