@@ -180,3 +180,17 @@ def test_the_sampler_bench_floor_does_the_same_products_in_both_weight_layouts()
         results[layout] = bench.floor_call(x, ws, hw, {"keepdims": True}, layout, 4, loop)
     assert results["out_in"].shape == (3, 32)
     np.testing.assert_allclose(results["in_out"], results["out_in"], rtol=1e-6)
+
+
+def test_the_replay_rows_bench_times_both_layouts_of_one_step_on_real_replays():
+    """bench/replay_rows.py at a toy size: CCR appends k = 2 rows for each of the 2 collapsed groups, the chosen
+    layout puts them in a segment of their own after on-policy rows read by group, the joined layout keeps one
+    segment read row by row, and the two steps' losses agree."""
+    bench = _load("replay_rows")
+    model = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    shape = dict(prompts=4, samples=2, prompt=8, new=8)
+    record = bench.run("toy", dict(collapsed=2), rounds=1, model=model, shape=shape)
+    assert record["ccr_appended"] == 4.0 and record["replay_rows"] == 4
+    assert record["segments"] == {"apart": [[8, 1, 2], [4, 1, 0]], "joined": [[12, 1, 0]]}
+    assert record["same_loss"] and record["apart_s"] > 0 and record["joined_s"] > 0
