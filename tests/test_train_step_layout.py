@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from test_train_step import TP, G, P, T, V, make_batch, setup
 
+from r3jax.model import sharding
 from r3jax.rl import algorithm, layout, replay, train_step
 
 
@@ -186,13 +187,17 @@ def test_replay_rows_train_apart_like_rows_that_join_the_on_policy_ones(name, mi
 
 
 def test_replay_rows_stay_with_the_on_policy_rows_where_apart_gains_nothing_or_would_not_split():
-    """Without shared prompts no row reads its prompt by group, so the replay rows stay; with micro-batches of
-    3 of the 8 + 4 rows (4 micro-batches), the on-policy rows would not split into whole micro-batches."""
+    """Without shared prompts no row reads its prompt by group, so the replay rows stay, and so on a mesh whose
+    2 batch devices split the rows (the step turns shared prompts off there); with micro-batches of 3 of the
+    8 + 4 rows (4 micro-batches), the on-policy rows would not split into whole micro-batches."""
     batch = short_batch([[False, False], [True, True], [True, False], [False, False]], 3, np.zeros((P, G), bool))
-    for kw in (dict(share_prompts=False), dict(num_micro_batches=4)):
+    rows_split = sharding.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    for kw, mesh in ((dict(share_prompts=False), None), (dict(num_micro_batches=4), None), ({}, rows_split)):
         cfg = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=1, **kw)
-        chosen = layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, batch)
+        chosen = layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, batch, mesh)
         assert chosen.replay_rows == 4 and not chosen.replay_apart, kw
+    cfg = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=1)
+    assert layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, batch).replay_apart  # the same, one device
 
 
 def test_a_narrow_segment_is_left_out_when_its_rows_would_not_split():

@@ -219,9 +219,10 @@ def _narrowed(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int
 def _replay_apart(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int, devices: int) -> Layout:
     """`chosen` with its replay rows in a segment of their own, when that lets on-policy rows read their prompts
     group by group (`Segment.group_rows`: a micro-batch holding a replay row reads every prompt row by row) and
-    every segment still splits over its micro-batches and the devices; else `chosen`. Only with shared prompts:
-    without them no row reads its prompt by group anyway."""
-    if not (cfg.share_prompts and chosen.replay_rows):
+    every segment still splits over its micro-batches and the devices; else `chosen`. Only with shared prompts
+    on one batch device (`train_step.make_train_step` turns them off where the rows split over several): without
+    them no row reads its prompt by group anyway."""
+    if not (cfg.share_prompts and chosen.replay_rows and devices == 1):
         return chosen
     apart = dataclasses.replace(chosen, replay_apart=True)
     segs = segments(apart, cfg.num_micro_batches, p, g, prompt_columns)
