@@ -87,10 +87,11 @@ def segments(layout: Layout, num_micro_batches: int, p: int, g: int, prompt_colu
     if layout.narrow_groups:
         parts.append((0, layout.narrow_groups, 0, layout.narrow_prompt_width))
     rest = groups - layout.narrow_groups
-    if layout.replay_apart and replay_rows:
-        parts += [(layout.narrow_groups, rest, 0, wide)] * bool(rest) + [(groups, 0, replay_rows, wide)]
-    else:
-        parts.append((layout.narrow_groups, rest, replay_rows, wide))
+    apart = layout.replay_apart and replay_rows
+    if rest or not apart:
+        parts.append((layout.narrow_groups, rest, 0 if apart else replay_rows, wide))
+    if apart:
+        parts.append((groups, 0, replay_rows, wide))
     per = (groups * g + replay_rows) // num_micro_batches
     segs = []
     for first, count, replayed, width in parts:
@@ -225,7 +226,6 @@ def _replay_apart(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns:
     if not (cfg.share_prompts and chosen.replay_rows and devices == 1):
         return chosen
     apart = dataclasses.replace(chosen, replay_apart=True)
-    segs = segments(apart, cfg.num_micro_batches, p, g, prompt_columns)
-    grouped = lambda layout: sum(s.rows for s in segments(layout, cfg.num_micro_batches, p, g, prompt_columns)
-                                 if s.group_rows)  # noqa: E731
-    return apart if _splits(segs, devices) and grouped(apart) > grouped(chosen) else chosen
+    segs, before = (segments(x, cfg.num_micro_batches, p, g, prompt_columns) for x in (apart, chosen))
+    grouped = lambda segs: sum(s.rows for s in segs if s.group_rows)  # noqa: E731  rows read by group
+    return apart if _splits(segs, devices) and grouped(segs) > grouped(before) else chosen
