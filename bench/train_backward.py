@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import case_parser, emit, protocol_out, serve  # noqa: E402
-from sampler import Worker, cpu_ticks, process_ticks, pytest_pids  # noqa: E402
+from workers import Worker, cpu_ticks, process_ticks, pytest_pids  # noqa: E402
 
 CASES = {
     "medium": dict(cfg=dict(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
