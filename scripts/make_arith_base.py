@@ -1,16 +1,21 @@
 """Makes the embedded default's base model, `configs/arith/base/`: a JAX warm start on worked arithmetic.
 
-    python scripts/make_arith_base.py                       # writes configs/arith/base (about 15 min on 2 cores)
+    python scripts/make_arith_base.py                       # writes configs/arith/base (provenance.json: time)
     python scripts/make_arith_base.py --out /tmp/base --steps 100
 
 A ~1M-parameter Qwen2 (hidden 128, 4 layers, byte-level vocabulary) starts from random weights (seed fixed) and
-learns, by teacher-forced cross-entropy (`r3jax.train.sft`, the library's model, loss head and optimizer), the
-worked solutions of `r3jax.data.arith` chains of 1..5 operations, operands 1..50. A quarter of the updates are
-reflection prompts in exactly the format R³'s ISR builds (`configs/arith.py`'s instruction and attempt length):
-the question, the tail of a failed attempt (a slipped step, or a truncated one), the instruction, and the
-correct solution as the target. Held-out and RL training problems are never shown. The result is weak on
-purpose, like a distilled model before RL; its greedy held-out accuracy per level is measured at the end with
-the same evaluation code as `train.py` and written to `provenance.json` beside the weights.
+learns, by teacher-forced cross-entropy (`r3jax.train.sft`, the library's model, loss head and optimizer),
+solutions of `r3jax.data.arith` chains of 1..5 operations. The teacher mixes two strategies: half of the plain
+questions get the careful solution (a line per operation), the other half a shortcut that answers at once
+(`</think>` and the boxed answer; `--shortcut_lines` lets a shortcut write some lines first). Done in the head,
+one operation is easy and several are not, so the base model's accuracy on longer chains is held back by a
+choice it makes at its first token, which RL can change on every question, seen or not.
+
+Every eighth update is a batch of reflection prompts in exactly the format R³'s ISR builds (`configs/arith.py`'s
+instruction and attempt length): the question, the tail of a failed attempt (a slipped step, a shortcut to a
+wrong answer, or a cut-off one), the instruction, and the careful solution as the target. Held-out and RL
+training problems are never shown. The held-out accuracy per level is measured at
+the end (greedy, with `train.py`'s evaluation code) and written to `provenance.json` beside the weights.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ ARCHITECTURE = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4,
 class Examples:
     """An endless, seeded stream of (prompt ids, response ids) batches: plain questions and reflection prompts."""
 
-    def __init__(self, tokenizer, config, *, seed: int, batch_size: int, reflection_every: int, exclude: set[str]):
+    def __init__(self, tokenizer, config, *, seed: int, batch_size: int, reflection_every: int, exclude: set[str],
+                 shortcut_rate: float, shortcut_lines: int):
         self.tokenizer, self.rng, self.batch_size = tokenizer, random.Random(seed), batch_size
+        self.shortcut_rate, self.shortcut_lines = shortcut_rate, shortcut_lines
         self.reflection_every, self.exclude, self.calls = reflection_every, exclude, 0
         self.template = reflection.make_template(tokenizer, config.rl.r3.reflection_instruction)
         self.attempt_tokens = config.rl.r3.reflection_attempt_tokens
@@ -62,16 +69,29 @@ class Examples:
             if chain.problem not in self.exclude:
                 return chain
 
-    def _response(self, chain) -> list[int]:
-        return prompts.encode(self.tokenizer, arith.worked_solution(chain)) + [self.eos]
+    def _response(self, chain, plain: bool) -> list[int]:
+        """A plain question gets a shortcut at `shortcut_rate` (the lines stop after 0..`shortcut_lines`
+        operations, uniformly, and at most n-1), else the careful solution; a reflection prompt always gets the
+        careful solution."""
+        if plain and self.rng.random() < self.shortcut_rate:
+            written = self.rng.randint(0, min(self.shortcut_lines, len(chain.ops) - 1))
+            text = arith.shortcut_solution(chain, written)
+        else:
+            text = arith.worked_solution(chain)
+        return prompts.encode(self.tokenizer, text) + [self.eos]
 
     def _prompt(self, chain, plain: bool, attempt: list[int] | None = None) -> list[int]:
         if plain:
             return prompts.encode(self.tokenizer, prompts.render(self.tokenizer, prompts.question_text(chain.problem)))
         if attempt is None:
             text = arith.wrong_solution(chain, self.rng)
-            if self.rng.random() < 0.5:  # a truncated attempt: cut anywhere, no answer
+            roll = self.rng.random()
+            if roll < 1 / 3:  # a truncated attempt: cut anywhere, no answer
                 text = text[:self.rng.randint(1, len(text) - 1)]
+            elif roll < 2 / 3:  # a shortcut that boxed a wrong answer
+                written = self.rng.randrange(len(chain.ops))
+                wrong = chain.answer + self.rng.choice(arith.SLIPS)
+                text = arith.response(arith.solution_lines(chain)[:written], wrong)
             attempt = prompts.encode(self.tokenizer, text)[-self.attempt_tokens:]
         t = self.template
         return [*t.prefix, *reflection.question_ids(self.tokenizer, chain.problem), *t.between, *attempt, *t.suffix]
@@ -82,7 +102,7 @@ class Examples:
         pairs = []
         for _ in range(self.batch_size):
             chain = self._chain()
-            pairs.append((self._prompt(chain, plain), self._response(chain)))
+            pairs.append((self._prompt(chain, plain), self._response(chain, plain)))
         longest = max(len(p) + len(r) for p, r in pairs)
         return sft.pack(pairs, -(-longest // 32) * 32, self.pad)  # a few widths, so a few compiles
 
@@ -108,10 +128,14 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "configs" / "arith.py"),
                         help="the RL config whose reflection format, budget and held-out files are used")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=2e-3)
-    parser.add_argument("--reflection_every", type=int, default=4, help="every n-th update is a reflection batch")
+    parser.add_argument("--reflection_every", type=int, default=8, help="every n-th update is a reflection batch")
+    parser.add_argument("--shortcut_rate", type=float, default=0.5,
+                        help="the fraction of plain questions whose target stops writing lines early")
+    parser.add_argument("--shortcut_lines", type=int, default=0,
+                        help="a shortcut writes 0..this many lines (uniformly) before the answer; 0: answers at once")
     parser.add_argument("--eval_limit", type=int, default=None, help="held-out questions per level to measure")
     args = parser.parse_args()
 
@@ -122,7 +146,8 @@ def main() -> None:
     held = [p for path in config.data.eval.values() for p in _problems(path)]
     exclude = set(held) | set(_problems(config.data.train))
     stream = Examples(tokenizer, config, seed=args.seed, batch_size=args.batch_size,
-                      reflection_every=args.reflection_every, exclude=exclude)
+                      reflection_every=args.reflection_every, exclude=exclude, shortcut_rate=args.shortcut_rate,
+                      shortcut_lines=args.shortcut_lines)
     model_config = rm.tiny(vocab_size=-(-len(tokenizer) // 8) * 8, eos_token_id=tokenizer.eos_token_id,
                            bos_token_id=tokenizer.bos_token_id, **ARCHITECTURE)
     model = rm.init_model(model_config, seed=args.seed)
@@ -142,6 +167,7 @@ def main() -> None:
         "made_by": "python scripts/make_arith_base.py " + " ".join(sys.argv[1:]),
         "git_commit": _git_commit(), "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size,
         "learning_rate": args.learning_rate, "reflection_every": args.reflection_every,
+        "shortcut_rate": args.shortcut_rate, "shortcut_lines": args.shortcut_lines,
         "warm_start_operations": list(arith.WARM_START_OPS), "architecture": ARCHITECTURE,
         "train_seconds": round(train_seconds, 1), "loss": history[-1]["loss"],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__}",
