@@ -10,10 +10,10 @@ then the boxed result, as a distilled reasoning model does:
     </think>
     \\boxed{41}
 
-A shortcut (`shortcut_solution`) stops writing lines after some of them and boxes the answer straight away, the
-rest done in the head. The warm start (`scripts/make_arith_base.py`) mixes both, so the base model has a choice
-of strategy at every line, and only one of them is reliable on long chains: that choice, not arithmetic, is
-what RL can improve on every question, seen or not.
+A shortcut (`shortcut_solution`) stops writing lines (by default before the first) and boxes the answer straight
+away, the rest done in the head. The warm start (`scripts/make_arith_base.py`) mixes both, so the base model has
+a choice of strategy, and only one of them is reliable on long chains: that choice, not arithmetic, is what RL
+can improve on every question, seen or not.
 
 Difficulty is the number of operations (`LEVELS`): easy and medium chains fit the generation budget easily;
 hard ones are long enough for slips and shortcuts to cost; a careful solution of an out-of-reach chain needs
@@ -111,7 +111,7 @@ def worked_solution(chain: Chain) -> str:
 
 def shortcut_solution(chain: Chain, written: int) -> str:
     """The careful solution's first `written` lines, then straight to the boxed answer: the rest of the chain is
-    done in the head. A small model gets that right when at most one operation is left, rarely otherwise."""
+    done in the head, which a small model gets right less often the more operations are left."""
     if not 0 <= written < len(chain.ops):
         raise ValueError(f"a shortcut writes 0..{len(chain.ops) - 1} of {chain.problem}'s lines, not {written}")
     return response(solution_lines(chain)[:written], chain.answer)
