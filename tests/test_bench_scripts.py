@@ -194,3 +194,15 @@ def test_the_replay_rows_bench_times_both_layouts_of_one_step_on_real_replays():
     assert record["ccr_appended"] == 4.0 and record["replay_rows"] == 4
     assert record["segments"] == {"apart": [[8, 1, 2], [4, 1, 0]], "joined": [[12, 1, 0]]}
     assert record["same_loss"] and record["apart_s"] > 0 and record["joined_s"] > 0
+
+
+def test_the_causal_attention_bench_times_both_paths_and_counts_the_scores_read(monkeypatch, capsys):
+    """bench/causal_attention.py at T 64 in blocks of 16: both paths run, and 4 blocks read 10/16 of the scores."""
+    from r3jax.model import attention
+
+    bench = _load("causal_attention")
+    monkeypatch.setattr(attention, "CAUSAL_BLOCK", 16)
+    bench.run("toy", dict(batch=1, seq=64), rounds=1)
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["scores_read"] == (16 * 16 + 16 * 32 + 16 * 48 + 16 * 64) / 64 ** 2
+    assert record["dense_s"] > 0 and record["skipping_s"] > 0 and record["speedup"] > 0

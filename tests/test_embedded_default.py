@@ -81,6 +81,8 @@ def test_shortened_default_run(env, tmp_path):
     assert str(work / "final") in proc.stdout
     config = json.loads((work / "config.json").read_text())
     assert config["model"]["path"] == str(BASE)
+    assert config["attention_plan"]["platform"] == "cpu" and config["attention_plan"]["train"] == "xla"
+    assert "attention on cpu: train xla" in proc.stdout
 
 
 def test_compare_runs_every_variant_on_a_two_step_budget(env, tmp_path):

@@ -25,6 +25,9 @@ QUERY_BLOCK = 1024
 # q, k and v), for remat policies that keep them: the backward then recomputes the scores once, in its own
 # pass, and the forward is not run a second time (`qwen2.REMAT_POLICIES["dots"]`).
 OUTPUT_NAME = "attention_output"
+# Queries a causal attention (`attend_causal`) takes at a time: block i reads keys [0, (i + 1)·block) only, so
+# smaller blocks skip more of the upper triangle, and each block is one more step of an unrolled loop.
+CAUSAL_BLOCK = 512
 
 
 
@@ -37,6 +40,63 @@ def attend(q_btnh, k_bksh, v_bksh, mask_bts, query_block: int | None = None) -> 
     q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
     out = _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, query_block or QUERY_BLOCK)
     return _ungroup_heads(out)
+
+
+def attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, query_block: int | None = None) -> jax.Array:
+    """Causal self-attention of a row's tokens among themselves (S = T), the XLA backend of
+    `attention_plan`: query t sees key s where s <= t and mask_bt[s] (its real tokens), and a padded query
+    also itself (so that it has a key whatever the blocks; its value never reaches a real query).
+
+    The same values and gradients at real positions as `attend` with `cache.causal_mask(mask_bt)`, with the keys
+    past the diagonal skipped: queries run `query_block` at a time (default `CAUSAL_BLOCK`), and block i reads
+    only keys [0, (i + 1)·query_block), forward and backward; no [B, T, T] mask is formed. At T = 2,048 in
+    blocks of 512 the four blocks read 5/8 of the [T, T] scores. Every position's value is the same whatever
+    the block size."""
+    block = query_block or CAUSAL_BLOCK
+    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
+    return _ungroup_heads(_causal_attention(q_bkrth, k_bksh, v_bksh, mask_bt, block))
+
+
+def _causal_spans(t: int, block: int) -> list[tuple[int, int]]:
+    """(first query, keys read) of each query block: block i's queries see keys up to its last query."""
+    return [(i, min(i + block, t)) for i in range(0, t, block)]
+
+
+def _causal_block_mask(mask_bt, first: int, end: int):
+    """[B, end - first, end]: query t = first + i sees key s where s <= t and mask_bt[s], and itself (which
+    changes only padded queries: none is left without a key, and none reaches a real query)."""
+    keys, queries = jnp.arange(end)[None, :], jnp.arange(first, end)[:, None]
+    return (keys <= queries)[None] & (mask_bt[:, None, :end] | (keys == queries)[None])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _causal_attention(q_bkrth, k_bksh, v_bksh, mask_bt, block: int):
+    return _causal_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bt, block)[0]
+
+
+def _causal_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bt, block: int):
+    parts = [_forward_block(q_bkrth[:, :, :, first:end], k_bksh[:, :, :end], v_bksh[:, :, :end],
+                            _causal_block_mask(mask_bt, first, end))
+             for first, end in _causal_spans(q_bkrth.shape[3], block)]
+    out, m, inv_l = (checkpoint_name(jnp.concatenate(x, axis=3), OUTPUT_NAME) for x in zip(*parts, strict=True))
+    return out, (q_bkrth, k_bksh, v_bksh, mask_bt, out, m, inv_l)
+
+
+def _causal_attention_bwd(block: int, residuals, g_bkrth):
+    q, k, v, mask_bt, out, m, inv_l = residuals
+    t = q.shape[3]
+    dq, dk, dv = [], jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+    for first, end in _causal_spans(t, block):
+        q_i, out_i, m_i, inv_l_i, g_i = (x[:, :, :, first:end] for x in (q, out, m, inv_l, g_bkrth))
+        dq_i, dk_i, dv_i = _backward_block(q_i, k[:, :, :end], v[:, :, :end], _causal_block_mask(mask_bt, first, end),
+                                           out_i, m_i, inv_l_i, g_i)
+        dq.append(dq_i)
+        pad = [(0, 0), (0, 0), (0, t - end), (0, 0)]
+        dk, dv = dk + jnp.pad(dk_i, pad), dv + jnp.pad(dv_i, pad)
+    return jnp.concatenate(dq, axis=3), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_causal_attention.defvjp(_causal_attention_fwd, _causal_attention_bwd)
 
 
 def _group_heads(q_btnh, kv_heads: int):

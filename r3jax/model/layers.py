@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from r3jax.model import attention_plan, sharding
 from r3jax.model import cache as kv_cache
-from r3jax.model import sharding
 from r3jax.model.attention import attend, attend_cached, attend_shared_prefix
 from r3jax.model.config import ModelConfig
 
@@ -75,7 +75,8 @@ def project(x_bt_, equation: str, w):
 class Attention(nnx.Module):
     """Grouped-query self-attention with q/k/v biases and no output bias."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs, query_block: int | None = None):
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs, query_block: int | None = None,
+                 attention: str = "xla"):
         d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         # Weights are stored in Hugging Face's [out, in] order; decode loops use a transposed copy (EQUATIONS).
         self.q_proj = nnx.Param(_init(rngs, (n, h, d), param_dtype))
@@ -88,10 +89,12 @@ class Attention(nnx.Module):
         self.dtype = dtype
         self.mesh = mesh
         self.query_block = query_block
+        self.attention = attention  # the causal self-attention backend (`attention_plan.BACKENDS`)
 
     def __call__(self, x_btd, rope_bt, mask_bts, kv=None, layer=None, index=None, bound=None, in_out=False,
                  prefix=None):
-        """Attends over the new tokens alone (kv None), after a prefix's keys and values (prefix: k, v
+        """Attends causally over the new tokens alone (kv and prefix None; mask_bts is then the [B, T] mask of
+        real tokens, and the backend is `attention`), after a prefix's keys and values (prefix: k, v
         [B, K, P, H], or [Q, K, P, H] for Q groups of B / Q rows in order; mask_bts [B, T, P + T] then covers
         [prefix | new]), or over layer `layer` of the full
         cache (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot `index`;
@@ -116,11 +119,13 @@ class Attention(nnx.Module):
         k = sharding.constrain(rope(k, rope_bt), "act_btkh", self.mesh)
         if kv is None:
             kv = k.swapaxes(1, 2), v.swapaxes(1, 2)  # keys [B, K, T, H]
-            if prefix is not None and prefix[0].shape[0] != b:  # Q < B prefixes, each read by a group of rows
+            if prefix is None:
+                out = attention_plan.self_attention(self.attention, q, *kv, mask_bts, mesh=self.mesh,
+                                                    query_block=self.query_block)
+            elif prefix[0].shape[0] != b:  # Q < B prefixes, each read by a group of rows
                 out = attend_shared_prefix(q, *prefix, *kv, mask_bts, self.query_block)
             else:
-                keys, values = kv if prefix is None else [jnp.concatenate(x, axis=2)
-                                                          for x in zip(prefix, kv, strict=True)]
+                keys, values = [jnp.concatenate(x, axis=2) for x in zip(prefix, kv, strict=True)]
                 out = attend(q, keys, values, mask_bts, self.query_block)
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
@@ -154,10 +159,11 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs, query_block: int | None = None):
+    def __init__(self, cfg: ModelConfig, *, param_dtype, dtype, mesh, rngs: nnx.Rngs, query_block: int | None = None,
+                 attention: str = "xla"):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
-        self.self_attn = Attention(cfg, mesh=mesh, rngs=rngs, query_block=query_block, **kw)
+        self.self_attn = Attention(cfg, mesh=mesh, rngs=rngs, query_block=query_block, attention=attention, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
         self.mlp = MLP(cfg, mesh=mesh, rngs=rngs, **kw)
         self.mesh = mesh

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from r3jax.model import attention_plan, sharding
 from r3jax.model import cache as kv_cache
-from r3jax.model import sharding
 from r3jax.model.attention import OUTPUT_NAME
 from r3jax.model.config import ModelConfig
 from r3jax.model.layers import DECODE_ORDER, DecoderLayer, RMSNorm, _init, rope_tables
@@ -37,11 +37,13 @@ class Qwen2(nnx.Module):
     per use; norms, softmax and the head's accumulation stay fp32). remat: per-layer
     rematerialisation, one of REMAT_POLICIES. mesh: when set, activations are pinned to their
     `sharding.ACTIVATION_SPECS` entries on it. query_block: queries an attention takes at a time
-    (default `attention.QUERY_BLOCK`): the largest [T, S] temporary is [query_block, S].
+    (default `attention.QUERY_BLOCK`): the largest [T, S] temporary is [query_block, S]. attention: the
+    backend of causal self-attention in forwards without a cache (`attention_plan.BACKENDS`; "auto": the
+    platform's, that of the mesh's devices or JAX's default backend).
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32, dtype=jnp.float32,
-                 remat: str = "none", mesh=None, query_block: int | None = None):
+                 remat: str = "none", mesh=None, query_block: int | None = None, attention: str = "auto"):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
         if query_block is not None and (isinstance(query_block, bool) or not isinstance(query_block, int)
@@ -52,9 +54,10 @@ class Qwen2(nnx.Module):
         self.dtype = dtype
         self.remat = remat
         self.mesh = mesh
+        self.attention = attention_plan.resolve_backend(attention, attention_plan.platform_of(mesh))
         v, d = config.vocab_size, config.hidden_size
         self.embed_tokens = nnx.Param(_init(rngs, (v, d), param_dtype))
-        kw = dict(param_dtype=param_dtype, dtype=dtype, mesh=mesh, query_block=query_block)
+        kw = dict(param_dtype=param_dtype, dtype=dtype, mesh=mesh, query_block=query_block, attention=self.attention)
 
         @nnx.split_rngs(splits=config.num_hidden_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -122,7 +125,7 @@ class Qwen2(nnx.Module):
         if mask_bt.shape != tokens_bt.shape:
             raise ValueError(f"attention_mask shape {mask_bt.shape} != tokens shape {tokens_bt.shape}")
         if cache is None:
-            positions, mask_bts = kv_cache.positions_from_mask(mask_bt), kv_cache.causal_mask(mask_bt)
+            positions, mask_bts = kv_cache.positions_from_mask(mask_bt), mask_bt  # causal within the attention
             index = kv = bound = None
         else:
             index, kv, bound = cache.index, (cache.k, cache.v), kv_cache.filled(cache, tokens_bt.shape[1])
@@ -177,8 +180,8 @@ class Qwen2(nnx.Module):
                              f"{prefix_tokens.shape[0]} prefixes")
         cfg = self.config
         tables = rope_tables(kv_cache.positions_from_mask(prefix_mask), cfg.head_dim, cfg.rope_theta, self.dtype)
-        prefix, _, (k, v) = self._scan_layers(self._embed(prefix_tokens), tables, kv_cache.causal_mask(prefix_mask),
-                                              None, None, None, emit=True)              # k, v [L, Q, K, P, H]
+        prefix, _, (k, v) = self._scan_layers(self._embed(prefix_tokens), tables, prefix_mask, None, None, None,
+                                              emit=True)              # k, v [L, Q, K, P, H]
         seen = prefix_mask[row_prefix]                                                  # [B, P]
         # positions continue the prefix's (as `positions_from_mask` of the joined row gives them)
         positions = jnp.maximum(seen.sum(-1, dtype=jnp.int32)[:, None] + jnp.cumsum(mask_bt, -1, dtype=jnp.int32) - 1,

@@ -140,7 +140,7 @@ def _open(file: str):
 
 def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None, mesh=None,
                     sharding_mode: str = "train", remat: str = "none", revision: str | None = None,
-                    query_block: int | None = None):
+                    query_block: int | None = None, attention: str = "auto"):
     """Loads a Hugging Face Qwen2 folder (or hub id) into an r3jax model. Returns (model, config).
 
     dtype: parameter dtype; compute_dtype: activation dtype (default: dtype). With a mesh, every
@@ -153,7 +153,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype
     config = ModelConfig.from_json_file(os.path.join(folder, "config.json"))
     dtype = jnp.dtype(dtype)
     model_kw = dict(param_dtype=dtype, dtype=jnp.dtype(compute_dtype or dtype), remat=remat, mesh=mesh,
-                    query_block=query_block)
+                    query_block=query_block, attention=attention)
     graphdef, abstract = qwen2.split_params(qwen2.abstract_model(config, **model_kw))
     expected = _expected_tensors(config, abstract)
     files = _tensor_files(folder)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from r3jax.model import sharding
+from r3jax.model import attention_plan, sharding
 
 # Models whose MLP matrices hold more weights than this decode as one program by default (`auto_parts`).
 PARTS_MAX_MLP_WEIGHTS = 1 << 19
@@ -44,7 +44,7 @@ def auto_parts(prompt_tokens, params, config) -> int:
     layers, 16 rows) 0.55. The GRPO bench's call (8 prompts x 8 samples): 0.145-0.160 s as one program,
     0.085-0.093 s as two, 0.10-0.16 s as four. Equal parts: one compiled program."""
     device = _one_device(prompt_tokens, params)
-    if device is None or device.platform != "cpu":
+    if device is None or not attention_plan.cpu_mechanisms(device).sampler_parts:
         return 1
     if config.hidden_size * config.intermediate_size > PARTS_MAX_MLP_WEIGHTS:
         return 1
@@ -52,11 +52,12 @@ def auto_parts(prompt_tokens, params, config) -> int:
     return max(d for d in range(1, min(cores(), p) + 1) if p % d == 0)
 
 
-def one_device(params) -> bool:
-    """One process, and every parameter on one device: where several programs may run at once from threads of
-    their own (a sampler call's parts, a training step's sampler calls). Programs over several devices run one
-    at a time: two in flight at once could reach their collectives in different orders and deadlock."""
-    return _one_device(None, params) is not None
+def device_of(params):
+    """The device of a one-process call whose parameters all sit on one device, else None. Only there may several
+    programs run at once from threads of their own (a sampler call's parts, a training step's sampler calls):
+    programs over several devices run one at a time, since two in flight at once could reach their collectives
+    in different orders and deadlock."""
+    return _one_device(None, params)
 
 
 def _one_device(prompt_tokens, params):

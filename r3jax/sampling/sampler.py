@@ -15,8 +15,8 @@ import numpy as np
 from flax import nnx
 
 from r3jax import hosts
+from r3jax.model import attention_plan, sharding
 from r3jax.model import cache as kv_cache
-from r3jax.model import sharding
 from r3jax.model.qwen2 import Qwen2
 from r3jax.sampling import distributions
 from r3jax.sampling import parts as split
@@ -32,7 +32,8 @@ class SamplingConfig:
     temperature 0 decodes greedily; top_k 0 and top_p 1 disable truncation; valid_vocab masks
     logits of ids >= it (the 1.5B model has 151936 rows for 151665 tokenizer ids). unroll_layers:
     decode from per-layer weight copies sliced once before the loop (`Qwen2.unstack_layers`), which
-    is faster; False scans the stacked layers, which compiles faster for deep models. share_prompts: a
+    is faster on a CPU; False scans the stacked layers, which compiles faster for deep models (`generate`'s
+    default: on a CPU only, `attention_plan.CpuMechanisms`). share_prompts: a
     static batch's G samples read their prompt from one copy where they can (`slots.shares_prompts`),
     which is faster; the rollout equals the copied one up to float rounding (the prompt is its own block
     of the attention's online softmax), so a draw whose number lands within ~1e-6 of a token's CDF
@@ -77,7 +78,7 @@ HEAD_RESPONSE_SLOTS = 128
 
 def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
-             pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None,
+             pad_id: int | None = None, unroll_layers: bool | None = None, slots: int | None = None,
              share_prompts: bool = False, parts: int | None = None) -> Rollout:
     """Samples `num_samples` responses for each prompt of a padded [P, Tp] batch.
 
@@ -103,26 +104,28 @@ def generate(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens
 
 def decode(model_or_params, prompt_tokens, prompt_mask, key, *, max_new_tokens: int, temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, eos_ids=(), num_samples: int = 1, valid_vocab: int | None = None,
-           pad_id: int | None = None, unroll_layers: bool = True, slots: int | None = None,
+           pad_id: int | None = None, unroll_layers: bool | None = None, slots: int | None = None,
            share_prompts: bool = False, parts: int | None = None) -> tuple[Rollout, dict]:
     """`generate`, plus what the decoding cost: {"steps": decode steps, "slot_steps": the sum over steps of the
     slots decoded} ([] int32 each). Slot utilisation = generated tokens / slot_steps."""
-    eos_ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(int(e) for e in eos_ids)
-    cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-                         top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
-                         valid_vocab=valid_vocab, pad_id=_pad_id(pad_id, eos_ids), unroll_layers=bool(unroll_layers),
-                         share_prompts=bool(share_prompts))
     if isinstance(model_or_params, Qwen2):
         graphdef, params = nnx.split(model_or_params)
     elif isinstance(model_or_params, tuple) and len(model_or_params) == 2:
         graphdef, params = model_or_params
     else:
         raise TypeError(f"generate needs a Qwen2 model or its (graphdef, params), got {type(model_or_params).__name__}")
+    model = nnx.merge(graphdef, params)  # the mesh and config are static model metadata; merging copies nothing
+    mesh = model.mesh
+    if unroll_layers is None:  # on a CPU only (`attention_plan.CpuMechanisms`)
+        unroll_layers = attention_plan.cpu_mechanisms(mesh).unroll_layers
+    eos_ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(int(e) for e in eos_ids)
+    cfg = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
+                         top_k=int(top_k), eos_ids=eos_ids, num_samples=int(num_samples),
+                         valid_vocab=valid_vocab, pad_id=_pad_id(pad_id, eos_ids), unroll_layers=bool(unroll_layers),
+                         share_prompts=bool(share_prompts))
     prompt_tokens, prompt_mask = _check_prompts(prompt_tokens, prompt_mask)
     if slots is not None and not 1 <= int(slots):
         raise ValueError(f"slots must be >= 1, got {slots}")
-    model = nnx.merge(graphdef, params)  # the mesh and config are static model metadata; merging copies nothing
-    mesh = model.mesh
     parts = (split.auto_parts(prompt_tokens, params, model.config) if slots is None else 1) if parts is None else \
         split.check_parts(parts, prompt_tokens, params, slots)
     if parts > 1:
@@ -180,12 +183,6 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: in
     return _finish(state, cfg, model.mesh), {"steps": state.step, "slot_steps": state.slot_steps}
 
 
-def _platform(model: Qwen2) -> str:
-    """The platform the sampler's program runs on: the mesh's devices (also when compiled ahead of time for a
-    TPU topology from a CPU host), else JAX's default backend."""
-    return model.mesh.devices.flat[0].platform if model.mesh is not None else jax.default_backend()
-
-
 def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
     """Runs every prompt once; its G samples copy its cache and last logits when they take a slot."""
     p, t = tokens_pt.shape
@@ -205,7 +202,8 @@ def _init_state(model: Qwen2, cfg: SamplingConfig, slots: int, groups: int, prom
     rows, own = p * cfg.num_samples, (0 if shared else tp)  # own: the prompt slots each slot holds itself
     # per layer when the loop runs the layers unrolled on a CPU: each layer reads its own buffers, no copy out of
     # a stack, and its head (the prompt and the first HEAD_RESPONSE_SLOTS response tokens) where it is
-    head = own + HEAD_RESPONSE_SLOTS if cfg.unroll_layers and _platform(model) == "cpu" else 0
+    per_layer = cfg.unroll_layers and attention_plan.cpu_mechanisms(model.mesh).head_tail_cache
+    head = own + HEAD_RESPONSE_SLOTS if per_layer else 0
     cache = kv_cache.init_cache(model.config, slots, own + n, model.dtype, model.mesh, per_layer=head)
     cache = dataclasses.replace(cache, index=jnp.full((slots,), own + n, jnp.int32))
     per_row = lambda x: x if model.mesh is None else sharding.constrain(x, "act_bt", model.mesh)  # noqa: E731

@@ -18,6 +18,7 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from r3jax.model import attention_plan
 from r3jax.model.attention import QUERY_BLOCK
 from r3jax.model.qwen2 import REMAT_POLICIES
 from r3jax.rl import algorithm
@@ -70,7 +71,10 @@ def base_config() -> ml_collections.ConfigDict:
         # queries an attention takes at a time in training (the sampler reads its cache in blocks of its own):
         # [T, S] scores and their gradients exist for one block of queries at once (the 1.5B plan on v5e-32:
         # 7.0 GiB in one block, 4.8 in blocks of 1024)
-        query_block=QUERY_BLOCK))
+        query_block=QUERY_BLOCK,
+        # causal self-attention's backend (r3jax.model.attention_plan): "auto" picks the platform's (TPU: Pallas
+        # splash, GPU: cuDNN flash, CPU: XLA with causal block skipping); "xla" runs anywhere
+        attention="auto"))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
         eval=ml_collections.ConfigDict(), eval_limit=config_dict.placeholder(int)))
@@ -206,6 +210,9 @@ def check_values(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config field top_p must be in (0, 1], got {c.top_p}")
     if c.model.remat not in REMAT_POLICIES:
         raise ConfigError(f"config field model.remat must be one of {sorted(REMAT_POLICIES)}, got {c.model.remat!r}")
+    if c.model.attention not in ("auto", *attention_plan.BACKENDS):
+        raise ConfigError(f"config field model.attention must be 'auto' or one of {list(attention_plan.BACKENDS)}, "
+                          f"got {c.model.attention!r}")
     if c.model.path is None and c.model.init is None:
         raise ConfigError("config field model.path is not set (a Hugging Face folder), nor model.init (a preset)")
     if c.data.train is None:

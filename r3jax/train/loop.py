@@ -21,6 +21,7 @@ from r3jax import compiles, hosts, rewards
 from r3jax import model as rm
 from r3jax.data import iterator as data_iterator
 from r3jax.eval import benchmark, report
+from r3jax.model import attention_plan
 from r3jax.rl import layout as rl_layout
 from r3jax.rl import train_step
 from r3jax.train import checkpoint, logbook, plots, progress, rollouts, summary
@@ -136,8 +137,12 @@ def train(run: Run, workdir: str) -> int:
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=c.keep_checkpoints)
     start = _restore(run, ckpt, it, loop)
     main = hosts.is_main()
+    plan = attention_plan.plan(mesh=run.mesh, backend=c.model.attention)
     if main:
-        (workdir / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str) + "\n")
+        # the config as run, and which attention paths it runs (`attention_plan`)
+        (workdir / "config.json").write_text(json.dumps({**c.to_dict(), "attention_plan": plan.as_dict()}, indent=2,
+                                                        default=str) + "\n")
+        print(plan.describe(), flush=True)
     book = logbook.Logbook(workdir, resume_step=start, wandb_config=c.wandb.to_dict(), run_config=c.to_dict(),
                            writer=main)
     stop = StopRequest()

@@ -115,7 +115,7 @@ def abstract_model(c, model_cfg: rm.ModelConfig, mesh):
     """(graphdef, params as sharded ShapeDtypeStructs) of the policy, with the run's dtypes and remat."""
     compute = jnp.dtype(c.model.compute_dtype or c.model.dtype)
     model = rm.abstract_model(model_cfg, param_dtype=jnp.dtype(c.model.dtype), dtype=compute, remat=c.model.remat,
-                              mesh=mesh, query_block=c.model.query_block)
+                              mesh=mesh, query_block=c.model.query_block, attention=c.model.get("attention", "auto"))
     graphdef, params = rm.split_params(model)
     return graphdef, _abstract(params, sharding.param_shardings(params, mesh, "train"))
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from r3jax import hosts, rewards
 from r3jax.data import prompts
+from r3jax.model import attention_plan
 from r3jax.rl import batch as rl_batch
 from r3jax.rl import dapo, reflection
 from r3jax.rl.algorithm import RLConfig
@@ -125,14 +126,16 @@ def _grade_rows(part, rows_qids, rows_valid, bank, tokenizer, grader, cfg: RLCon
 
 
 def threads_per_call(params) -> bool:
-    """Whether a step's sampler calls each run from a thread of their own: where several programs may run at once
-    (`parts.one_device`: one process, every parameter on one device). XLA:CPU runs a program whose inputs are
+    """Whether a step's sampler calls each run from a thread of their own: on a CPU
+    (`attention_plan.CpuMechanisms`), where several programs may run at once (one process, every parameter on
+    one device: `parts.device_of`). XLA:CPU runs a program whose inputs are
     ready in the thread that calls it, so calls made from one thread run one after the other, each leaving part
     of the cores idle (a decode step's ops are small); from a thread each they overlap. The GRPO bench's plain
     and reflection calls took 0.17 s together against 0.22 s in turn, with the same tokens to the bit: a call's
     numbers do not depend on what else runs. (`generate` also splits a small model's call into parts,
     `parts.auto_parts`; all calls' parts then share the cores: 0.13 s.)"""
-    return sampling_parts.one_device(params)
+    device = sampling_parts.device_of(params)
+    return device is not None and attention_plan.cpu_mechanisms(device).threads_per_call
 
 
 def _run_now(fn, *args) -> futures.Future:

@@ -201,7 +201,7 @@ def _load_benchmark(name, path, tokenizer, c):
 
 def _load_model(c, model_config, mesh):
     kw = dict(dtype=jnp.dtype(c.model.dtype), compute_dtype=c.model.compute_dtype, mesh=mesh, remat=c.model.remat,
-              query_block=c.model.query_block)
+              query_block=c.model.query_block, attention=c.model.attention)
     if c.model.path is not None:
         try:
             return rm.load_pretrained(c.model.path, **kw)[0]
