@@ -160,3 +160,11 @@ def test_a_shared_prompt_is_read_once_for_its_samples(monkeypatch):
     assert memory_plan.decode_slots(shapes, shared=True) == pytest.approx(10.8)
     assert memory_plan.decode_read_slots(shapes, shared=True) == pytest.approx(7.8)
     assert memory_plan.decode_read_slots(shapes) == memory_plan.decode_slots(shapes) == pytest.approx(10.8)
+
+
+def test_train_flops_count_the_keys_causal_blocks_score():
+    """Every backend skips the blocks above the diagonal: at 2,048 positions in blocks of 512 a query scores 1,280
+    keys on average (not 2,048); splash rounds the sequence up to its blocks, cuDNN is taken as exact."""
+    assert memory_plan.causal_keys(2048, "xla") == (512 * (512 + 1024 + 1536 + 2048)) / 2048 == 1280
+    assert memory_plan.causal_keys(1000, "splash") == 512 * (512 + 1024) / 1000
+    assert memory_plan.causal_keys(2048, "cudnn") == pytest.approx(1024.5)

@@ -18,8 +18,9 @@ parameters (layers and head, not the embedding lookup), per token of a forward p
 train step: 3·F_fwd per token (forward + backward, the MFU convention), + F_fwd with remat "full" (the layer's
 forward again), + its attention term alone with remat "dots" (the projections' outputs are kept);
 sampler: prefill F_fwd on every prompt token (S_attn: the prompt), then one F_fwd per row per decode step (S_attn:
-`decode_slots`, the cache blocks below the longest live row, averaged over the steps). The training attention is
-not causal-skipped: S_attn is the whole sequence.
+`decode_slots`, the cache blocks below the longest live row, averaged over the steps). The training attention
+skips the blocks above the diagonal on every backend (`attention_plan`): S_attn is `causal_keys`, about half
+the sequence (padding is still computed).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from r3jax import model as rm
-from r3jax.model import attention, sharding
+from r3jax.model import attention, attention_plan, sharding, splash
 from r3jax.rl import batch as rl_batch
 from r3jax.rl import train_step
 from r3jax.sampling import sampler, slots
@@ -176,9 +177,20 @@ def forward_flops_per_token(m: rm.ModelConfig, attended: int) -> float:
     return 2.0 * (lyr * per_layer + m.vocab_size * d) + 4.0 * lyr * n * h * attended
 
 
-def train_flops(c, m: rm.ModelConfig, s: Shapes) -> float:
+def causal_keys(seq: int, backend: str) -> float:
+    """Keys a query of a causal self-attention over `seq` positions scores, on average: every backend skips the
+    blocks above the diagonal, so a block of queries scores the keys up to its last query (splash: blocks of
+    `splash.BLOCK` over `seq` rounded up to them; cuDNN: per tile, taken as exact; XLA: `attention.CAUSAL_BLOCK`)."""
+    if backend == "cudnn":
+        return (seq + 1) / 2
+    block = splash.BLOCK if backend == "splash" else attention.CAUSAL_BLOCK
+    padded = -(-seq // block) * block if backend == "splash" else seq
+    return sum((end - first) * end for first, end in attention._causal_spans(padded, block)) / seq
+
+
+def train_flops(c, m: rm.ModelConfig, s: Shapes, backend: str = "xla") -> float:
     seq = s.prompt_tokens + s.response_tokens
-    forward = forward_flops_per_token(m, seq)
+    forward = forward_flops_per_token(m, causal_keys(seq, backend))
     # forward + backward (2x), + what the backward recomputes: "dots" keeps every product's output (the
     # projections' and the attention's), so only "full" runs the forward again
     recomputed = {"none": 0.0, "full": forward, "dots": 0.0}[c.model.remat]
@@ -279,7 +291,8 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
     mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, devices=devs)
     s = shapes(c, rl, prompt_tokens=prompt_tokens, num_questions=num_questions)
     graphdef, params = abstract_model(c, model_cfg, mesh)
-    settings = {"remat": c.model.remat, "query_block": c.model.query_block,
+    backend = attention_plan.plan(mesh=mesh, backend=c.model.get("attention", "auto")).train
+    settings = {"remat": c.model.remat, "query_block": c.model.query_block, "attention": backend,
                 "num_micro_batches": rl.num_micro_batches, "chunk_size": rl.chunk_size,
                 "sampling_chunk": c.sampling_chunk, "sampling_slots": c.get("sampling_slots", 0),
                 "param_dtype": c.model.dtype,
@@ -289,7 +302,7 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
         start = time.perf_counter()
         if program == "train_step":
             build = functools.partial(compile_train_step, c, rl, graphdef, params, s, mesh)
-            extra, flops = {"loss_rows": s.loss_rows}, train_flops(c, model_cfg, s)
+            extra, flops = {"loss_rows": s.loss_rows}, train_flops(c, model_cfg, s, backend)
         elif program == "sampler":
             rows = sampler_rows(c, s)
             build = functools.partial(compile_sampler, c, rl, model_cfg, graphdef, params, s, mesh)
