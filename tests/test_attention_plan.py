@@ -27,7 +27,7 @@ def test_an_accelerator_mesh_selects_its_kernel_and_no_cpu_only_mechanism(on, pl
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)  # 8 fake devices
     on(platform)
     plan = attention_plan.plan(mesh=mesh)
-    assert (plan.platform, plan.train) == (platform, kernel)
+    assert (plan.platform, plan.train, plan.prefill) == (platform, kernel, kernel)
     assert not any(dataclasses.asdict(plan.cpu).values()), plan.describe()
     assert rm.abstract_model(rm.tiny(), mesh=mesh).attention == kernel
     one = rm.init_model(rm.tiny(), attention="xla")  # one process, one device: where threads would apply

@@ -3,14 +3,15 @@ attention a run makes (training, prefill, decode) and which CPU-only mechanisms 
 it (`Qwen2(attention=...)`), the sampler and the rollout loop ask it, and the run writes it to its config.json
 (`as_dict`), so a user can see which path runs.
 
-Backends of causal self-attention (every forward without a cache: training's loss, teacher-forced evaluation):
+Backends of causal self-attention (every forward without a cache: training's loss, the sampler's prefill
+(`Qwen2.prefill`), teacher-forced evaluation):
 - "splash" (TPU): Pallas splash attention (`r3jax.model.splash`): blocks in VMEM, the upper triangle and the
   padding skipped, no [T, T] scores in HBM;
 - "cudnn" (GPU): cuDNN flash attention (`r3jax.model.cudnn`);
 - "xla" (CPU, and anywhere on request): queries in blocks, each reading only the keys up to its diagonal
   (`attention.attend_causal`).
-Attention over a cache (the sampler's prefill and decode) and rows that read a shared prefix run the XLA online
-softmax over cache blocks (`attention.attend_cached`, `attention.attend_shared_prefix`) on every platform.
+Attention over a cache (the sampler's decode steps) and rows that read a shared prefix run XLA on every platform
+(the online softmax over cache blocks, `attention.attend_cached`; `attention.attend_shared_prefix`).
 
 CPU-only mechanisms (`CpuMechanisms`), each a workaround for how XLA:CPU runs small programs, are on only when
 the platform is "cpu": they cost memory or compile time elsewhere and buy nothing there.
@@ -28,7 +29,7 @@ BACKENDS = ("xla", "splash", "cudnn")
 DEFAULT_BACKEND = {"cpu": "xla", "gpu": "cudnn", "tpu": "splash"}
 # The platform each kernel backend compiles for ("xla" runs everywhere).
 BACKEND_PLATFORM = {"splash": "tpu", "cudnn": "gpu"}
-CACHED = "xla-online-softmax"  # prefill and decode: the cache read in blocks (`attention.attend_cached`)
+CACHED = "xla-online-softmax"  # decode: the cache read in blocks (`attention.attend_cached`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class CpuMechanisms:
 class AttentionPlan:
     platform: str        # "cpu", "gpu" or "tpu": where the program runs
     train: str           # backend of causal self-attention (BACKENDS)
-    prefill: str         # the sampler's prompt pass over its cache
+    prefill: str         # the sampler's prompt pass (a forward without a cache that keeps its keys and values)
     decode: str          # the sampler's decode steps
     cpu: CpuMechanisms
 
@@ -101,7 +102,8 @@ def plan(*, mesh=None, platform: str | None = None, backend: str = "auto") -> At
     """The attention plan of a program on `mesh` (or on `platform`, default `platform_of(mesh)`), with the
     causal self-attention backend `backend` ("auto": the platform's, `DEFAULT_BACKEND`)."""
     platform = platform or platform_of(mesh)
-    return AttentionPlan(platform=platform, train=resolve_backend(backend, platform), prefill=CACHED, decode=CACHED,
+    train = resolve_backend(backend, platform)
+    return AttentionPlan(platform=platform, train=train, prefill=train, decode=CACHED,
                          cpu=CpuMechanisms.for_platform(platform))
 
 

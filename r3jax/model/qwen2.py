@@ -97,6 +97,24 @@ class Qwen2(nnx.Module):
         graphdef, state = nnx.split(self)
         return _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers)
 
+    def prefill(self, tokens_bt, attention_mask) -> tuple[jax.Array, kv_cache.Cache]:
+        """Final-normed hidden states [B, T, D] of a prompt batch and a cache of exactly its T slots, filled: the
+        values `hidden_states` gives with an empty T-slot cache, at real tokens. The prompt runs as a forward
+        without a cache (its causal self-attention on the plan's backend: splash on TPU, cuDNN on GPU) that keeps
+        every layer's keys and values, rather than through the cache's online softmax."""
+        graphdef, state = nnx.split(self)
+        return _prefill_jit(graphdef, state, tokens_bt, attention_mask)
+
+    def _prefill(self, tokens_bt, attention_mask):
+        mask_bt = jnp.asarray(attention_mask).astype(bool)
+        tables = rope_tables(kv_cache.positions_from_mask(mask_bt), self.config.head_dim, self.config.rope_theta,
+                             self.dtype)
+        x, _, (k, v) = self._scan_layers(self._embed(jnp.asarray(tokens_bt)), tables, mask_bt, None, None, None,
+                                         emit=True)                                   # k, v [L, B, K, T, H]
+        k, v = (sharding.constrain(x, "cache_lbksh", self.mesh) for x in (k, v))
+        mask_bt = sharding.constrain(mask_bt, "cache_bs", self.mesh)
+        return self.norm(x), kv_cache.Cache(k=k, v=v, mask=mask_bt, index=jnp.asarray(mask_bt.shape[1], jnp.int32))
+
     def unstack_layers(self) -> list:
         """The stacked layer weights as L per-layer trees in the decode layout, for decode loops.
 
@@ -232,6 +250,11 @@ class Qwen2(nnx.Module):
 @functools.partial(jax.jit, static_argnums=0)
 def _hidden_states_jit(graphdef, state, tokens_bt, attention_mask, cache, layers):
     return nnx.merge(graphdef, state)._hidden_states(tokens_bt, attention_mask, cache, layers)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _prefill_jit(graphdef, state, tokens_bt, attention_mask):
+    return nnx.merge(graphdef, state)._prefill(tokens_bt, attention_mask)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))

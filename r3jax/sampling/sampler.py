@@ -184,10 +184,10 @@ def _generate(graphdef, cfg: SamplingConfig, widths: tuple[int, ...], groups: in
 
 
 def _prefill(model: Qwen2, tokens_pt, mask_pt) -> PromptCache:
-    """Runs every prompt once; its G samples copy its cache and last logits when they take a slot."""
-    p, t = tokens_pt.shape
-    cache = kv_cache.init_cache(model.config, p, t, model.dtype, model.mesh)
-    hidden, cache = model.hidden_states(tokens_pt, mask_pt, cache=cache)
+    """Runs every prompt once (`Qwen2.prefill`: causal self-attention on the plan's backend); its G samples copy
+    its cache and last logits when they take a slot."""
+    t = tokens_pt.shape[1]
+    hidden, cache = model.prefill(tokens_pt, mask_pt)
     last = t - 1 - jnp.argmax(mask_pt[:, ::-1], axis=-1)  # last real token (left or right padding)
     logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1))[:, 0]
     return PromptCache(k=cache.k, v=cache.v, mask=cache.mask, logits=logits)
