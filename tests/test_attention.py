@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from r3jax.model import attention
+from r3jax.model import attention, cache
 
 
 def formula(q_btnh, k_bksh, v_bksh, mask_bts):
@@ -61,9 +61,9 @@ def test_gradients_keep_the_inputs_dtype():
 
 
 def prefixed_inputs(q_count=3, g=2, t=5, p=7, n=4, kh=2, h=8, dtype=jnp.float32, seed=2):
-    """Q prefixes (left-padded; the second with no visible slot) read by Q groups of G rows with T own tokens
-    each (one padded token; one query that sees no key: a uniform softmax); the rows' mask over [prefix | own]
-    as the training loss builds it."""
+    """Q prefixes (left-padded; the second with no real slot) read by Q groups of G rows with T own tokens
+    each: the first row's last token is padding, and the second group's first row starts with one (a query with
+    no real key to see)."""
     rng = np.random.RandomState(seed)
     b = q_count * g
     q, kp, vp, ko, vo = (jnp.asarray(rng.randn(*shape), dtype) for shape in
@@ -71,40 +71,45 @@ def prefixed_inputs(q_count=3, g=2, t=5, p=7, n=4, kh=2, h=8, dtype=jnp.float32,
     seen = np.ones((q_count, p), bool)
     seen[0, :3] = False
     seen[1] = False
-    own = np.tril(np.ones((t, t), bool))[None].repeat(b, 0)
-    own[0, :, 4:] = False  # the first row's last token is padding: no query sees it
-    own[g, 0] = False      # a query of the second group (whose prefix is all padding) that sees no key at all
-    mask = np.concatenate([np.repeat(seen, g, axis=0)[:, None].repeat(t, 1), own], axis=2)
-    return q, kp, vp, ko, vo, jnp.asarray(mask), jnp.asarray(rng.randn(b, t, n, h), dtype)
+    own = np.ones((b, t), bool)
+    own[0, t - 1] = False
+    own[g, 0] = False
+    return q, kp, vp, ko, vo, jnp.asarray(seen), jnp.asarray(own), jnp.asarray(rng.randn(b, t, n, h), dtype)
 
 
-@pytest.mark.parametrize("q_count, g, query_block", [(3, 2, None), (2, 4, None), (4, 1, None), (3, 2, 2)],
-                         ids=["3x2", "2x4", "one_row_each", "blocks_fallback"])
-def test_a_shared_prefix_attends_like_per_row_copies(q_count, g, query_block):
-    """`attend_shared_prefix` (each group's queries meet its prefix once) gives `attend`'s values and gradients
-    over each row's own copy of its prefix, the prefix's gradient summed over its group; with queries in blocks
-    of 2 it takes the copies itself."""
-    q, kp, vp, ko, vo, mask, cotangent = prefixed_inputs(q_count, g)
+@pytest.mark.parametrize("q_count, g, t, query_block", [(3, 2, 5, None), (2, 4, 5, None), (4, 1, 5, None),
+                                                        (3, 2, 5, 2), (2, 2, 11, 4)],
+                         ids=["3x2", "2x4", "one_row_each", "blocks_of_2", "long_rows_blocks_of_4"])
+def test_a_shared_prefix_attends_like_per_row_copies(q_count, g, t, query_block):
+    """`attend_shared_prefix` (each group's queries meet its prefix once, in causal blocks of queries) gives
+    `attend`'s values and gradients at real positions over each row's own copy of its prefix under the joined
+    causal mask, the prefix's gradient summed over its group."""
+    q, kp, vp, ko, vo, seen, own, cotangent = prefixed_inputs(q_count, g, t)
     rows = np.repeat(np.arange(q_count), g)
+    mask = jnp.concatenate([jnp.broadcast_to(seen[rows][:, None], (len(rows), t, seen.shape[1])),
+                            cache.causal_mask(own)], axis=2)
+    real = own[:, :, None, None]
+    cotangent = jnp.where(real, cotangent, 0.0)  # a padded query's output reaches nothing
 
     def copies(q, kp, vp, ko, vo):
-        joined = [jnp.concatenate([x[rows], own], axis=2) for x, own in ((kp, ko), (vp, vo))]
+        joined = [jnp.concatenate([x[rows], o], axis=2) for x, o in ((kp, ko), (vp, vo))]
         return attention.attend(q, *joined, mask)
 
     def shared(q, kp, vp, ko, vo):
-        return attention.attend_shared_prefix(q, kp, vp, ko, vo, mask, query_block)
+        return attention.attend_shared_prefix(q, kp, vp, ko, vo, seen, own, query_block)
 
     out, pull = jax.vjp(jax.jit(shared), q, kp, vp, ko, vo)
     ref, ref_pull = jax.vjp(copies, q, kp, vp, ko, vo)
-    np.testing.assert_allclose(out, ref, atol=1e-6)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(jnp.where(real, out, 0.0), jnp.where(real, ref, 0.0), atol=1e-6)
     for name, a, b in zip(["q", "prefix k", "prefix v", "k", "v"], pull(cotangent), ref_pull(cotangent), strict=True):
         np.testing.assert_allclose(a, b, atol=2e-6, err_msg=f"d{name}")
 
 
 def test_a_shared_prefix_needs_equal_groups():
-    q, kp, vp, ko, vo, mask, _ = prefixed_inputs(3, 2)
-    with pytest.raises(ValueError, match="6 rows cannot read 4 prefixes in equal groups"):
-        attention.attend_shared_prefix(q, *(jnp.concatenate([x, x[:1]]) for x in (kp, vp)), ko, vo, mask)
+    q, kp, vp, ko, vo, seen, own, _ = prefixed_inputs(3, 2)
+    with pytest.raises(ValueError, match="6 rows cannot read 4 prefixes"):
+        attention.attend_shared_prefix(q, *(jnp.concatenate([x, x[:1]]) for x in (kp, vp)), ko, vo, seen, own)
 
 
 def _score_products(jaxpr, shape) -> int:

@@ -208,30 +208,33 @@ def _by_row(x, rows_like):
     return x.reshape(b, k, r, t, *x.shape[5:])
 
 
-def attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, mask_bts, query_block: int | None = None):
-    """`attend` of rows that read a shared prefix first: row b attends to [prefix b // G | its own T keys], where
-    prefix_k, prefix_v [Q, K, P, H] hold each prefix once and the B rows are Q groups of G = B / Q in order
-    (a GRPO group's responses to one prompt). mask_bts [B, T, P + T] covers [prefix | own]; the rows of a
-    group see the same prefix slots, so the group's first row's prefix mask stands for all of them.
+def causal_block(query_block: int | None) -> int:
+    """Queries a causal attention takes at a time: `query_block`, at most `CAUSAL_BLOCK` (default)."""
+    return min(query_block or CAUSAL_BLOCK, CAUSAL_BLOCK)
 
-    The same values and gradients as `attend` over each row's own copy of its prefix, in fewer passes: per KV
-    head a group's G·R·T queries meet the prefix in one [G·R·T, H] x [H, P] product, forward and backward
-    (the GRPO bench's loss, 8 groups of 8 rows, 128 prompt and 64 response tokens: 24.5 ms a layer's forward +
-    backward against 30.6 ms over gathered copies), and no [B, K, P, H] copy is gathered, nor its gradient
-    scattered back. Longer responses than `query_block` (default `QUERY_BLOCK`) take `attend`, over copies,
-    whose queries run in blocks."""
+
+def attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt,
+                         query_block: int | None = None):
+    """Causal attention of rows that continue a shared prefix: row b attends to the real slots of prefix b // G
+    (prefix_mask [Q, P]), then causally to its own real tokens (mask_bt [B, T], as `attend_causal`; a padded
+    query also sees itself). prefix_k, prefix_v [Q, K, P, H] hold each prefix once; the B rows are Q groups of
+    G = B / Q in order (a GRPO group's responses to one prompt; G = 1: each row its own prefix).
+
+    The values and gradients at real positions of `attend` over each row's own copy of its prefix, in fewer
+    passes: per KV head a group's G·R queries of a block meet the prefix in one [G·R·T, H] x [H, P] product,
+    forward and backward (the GRPO bench's loss, 8 groups of 8 rows, 128 prompt and 64 response tokens:
+    24.5 ms a layer's forward + backward against 30.6 ms over gathered copies), and no [B, K, P, H] copy is
+    gathered, nor its gradient scattered back. Queries run `query_block` at a time (default `CAUSAL_BLOCK`),
+    block i reading the prefix and its own keys up to its diagonal, so responses of any length share their
+    prompt and no [T, P + T] mask is formed."""
     q_count, p = prefix_k.shape[0], prefix_k.shape[2]
     b, t = q_btnh.shape[:2]
-    if b % q_count or mask_bts.shape != (b, t, p + t):
-        raise ValueError(f"{b} rows cannot read {q_count} prefixes in equal groups with a mask of shape "
-                         f"{mask_bts.shape} over [prefix {p} | own {t}]")
-    if t > (query_block or QUERY_BLOCK):
-        keys, values = (jnp.concatenate([jnp.repeat(x, b // q_count, axis=0), own], axis=2)
-                        for x, own in ((prefix_k, k_bksh), (prefix_v, v_bksh)))
-        return attend(q_btnh, keys, values, mask_bts, query_block)
+    if b % q_count or prefix_mask.shape != (q_count, p) or mask_bt.shape != (b, t):
+        raise ValueError(f"{b} rows cannot read {q_count} prefixes of {p} slots in equal groups with masks of "
+                         f"shapes {prefix_mask.shape} (prefix) and {mask_bt.shape} (rows)")
     q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
-    out = _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, mask_bts[:: b // q_count, :, :p],
-                              mask_bts[:, :, p:])
+    out = _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt,
+                              query_block or CAUSAL_BLOCK)
     return _ungroup_heads(out)
 
 
@@ -243,12 +246,6 @@ def _shared_scores(q_bkrth, keys, visible_qtp, equation: str = "qkmh,qksh->qkms"
     return _mask_shared(scores * q_bkrth.shape[-1] ** -0.5, visible_qtp, _MASKED)
 
 
-def _prefixed_scores(q_bkrth, prefix_k, k_bksh, visible_qtp, visible_btt):
-    """Scaled, masked fp32 scores against the prefixes ([Q, K, G·R·T, P]) and against the rows' own keys
-    ([B, K, R, T, T])."""
-    return _shared_scores(q_bkrth, prefix_k, visible_qtp), _scores(q_bkrth, k_bksh, visible_btt)
-
-
 def _mask_shared(x_qkms, visible_qtp, fill):
     """x [Q, K, G·R·T, P] where the group's queries see the prefix slot (visible [Q, T, P]), else fill."""
     q_count, k, m, p = x_qkms.shape
@@ -257,32 +254,47 @@ def _mask_shared(x_qkms, visible_qtp, fill):
     return jnp.where(visible_qtp[:, None, None], x, fill).reshape(x_qkms.shape)
 
 
-@jax.custom_vjp
-def _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
+def _prefixed_visible(prefix_mask_qp, mask_bt, first: int, end: int):
+    """The masks of queries [first, end): the prefix slots their group sees ([Q, end - first, P]) and their own
+    keys [0, end) (`_causal_block_mask`)."""
+    q_count, p = prefix_mask_qp.shape
+    return (jnp.broadcast_to(prefix_mask_qp[:, None], (q_count, end - first, p)),
+            _causal_block_mask(mask_bt, first, end))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask_qp, mask_bt, block: int):
     """softmax over [prefix | own keys] @ [prefix | own values], one softmax over both parts: with the row max
-    m and sum l over both, out = (exp(s_prefix - m) @ v_prefix + exp(s_own - m) @ v_own) / l."""
-    return _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt)[0]
+    m and sum l over both, out = (exp(s_prefix - m) @ v_prefix + exp(s_own - m) @ v_own) / l; queries in
+    causal blocks (`_causal_spans`)."""
+    return _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask_qp, mask_bt, block)[0]
 
 
-def _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
+def _prefixed_forward_block(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
     q_count = prefix_k.shape[0]
-    shared, own = _prefixed_scores(q_bkrth, prefix_k, k_bksh, visible_qtp, visible_btt)
+    shared, own = _shared_scores(q_bkrth, prefix_k, visible_qtp), _scores(q_bkrth, k_bksh, visible_btt)
     m = jnp.maximum(_by_row(shared.max(-1), q_bkrth), own.max(-1))[..., None]            # [B, K, R, T, 1]
     e_shared, e_own = jnp.exp(shared - _by_prefix(m, q_count)), jnp.exp(own - m)
     inv_l = 1.0 / (_by_row(e_shared.sum(-1, keepdims=True), q_bkrth) + e_own.sum(-1, keepdims=True))
     acc = (_by_row(jnp.einsum("qkms,qksh->qkmh", e_shared, prefix_v, preferred_element_type=jnp.float32), q_bkrth)
            + jnp.einsum("bkrts,bksh->bkrth", e_own, v_bksh, preferred_element_type=jnp.float32))
-    out, m, inv_l = (checkpoint_name(x, OUTPUT_NAME) for x in ((acc * inv_l).astype(v_bksh.dtype), m, inv_l))
-    return out, (q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l)
+    return (acc * inv_l).astype(v_bksh.dtype), m, inv_l
 
 
-def _prefixed_attention_bwd(residuals, g_bkrth):
+def _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask_qp, mask_bt, block: int):
+    parts = [_prefixed_forward_block(q_bkrth[:, :, :, first:end], prefix_k, prefix_v, k_bksh[:, :, :end],
+                                     v_bksh[:, :, :end], *_prefixed_visible(prefix_mask_qp, mask_bt, first, end))
+             for first, end in _causal_spans(q_bkrth.shape[3], block)]
+    out, m, inv_l = (checkpoint_name(jnp.concatenate(x, axis=3), OUTPUT_NAME) for x in zip(*parts, strict=True))
+    return out, (q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask_qp, mask_bt, out, m, inv_l)
+
+
+def _prefixed_backward_block(q, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l, g_bkrth):
     """As `_backward_block`, for the two parts: p = exp(s - m) / l recomputed, ds = p * (g @ v^T - sum(g * out)),
-    the prefix's dk and dv summed over its group's queries by the grouped products themselves."""
-    q, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l = residuals
+    the prefix's dk and dv summed over its group's queries by the grouped products themselves (fp32)."""
     q_count, h = prefix_k.shape[0], prefix_k.shape[-1]
     acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-    shared, own = _prefixed_scores(q, prefix_k, k_bksh, visible_qtp, visible_btt)
+    shared, own = _shared_scores(q, prefix_k, visible_qtp), _scores(q, k_bksh, visible_btt)
     p_shared = jnp.exp(shared - _by_prefix(m, q_count)) * _by_prefix(inv_l, q_count)
     p_own = jnp.exp(own - m) * inv_l
     row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
@@ -293,10 +305,26 @@ def _prefixed_attention_bwd(residuals, g_bkrth):
                        * h ** -0.5, 0.0)
     dq = (_by_row(acc32("qkms,qksh->qkmh", ds_shared.astype(q.dtype), prefix_k), q)
           + acc32("bkrts,bksh->bkrth", ds_own.astype(q.dtype), k_bksh))
-    return (dq.astype(q.dtype), acc32("qkms,qkmh->qksh", ds_shared, q_shared).astype(prefix_k.dtype),
-            acc32("qkms,qkmh->qksh", p_shared.astype(prefix_v.dtype), g_shared).astype(prefix_v.dtype),
-            acc32("bkrts,bkrth->bksh", ds_own, q).astype(k_bksh.dtype),
-            acc32("bkrts,bkrth->bksh", p_own.astype(v_bksh.dtype), g_bkrth).astype(v_bksh.dtype), None, None)
+    return (dq.astype(q.dtype), acc32("qkms,qkmh->qksh", ds_shared, q_shared),
+            acc32("qkms,qkmh->qksh", p_shared.astype(prefix_v.dtype), g_shared),
+            acc32("bkrts,bkrth->bksh", ds_own, q), acc32("bkrts,bkrth->bksh", p_own.astype(v_bksh.dtype), g_bkrth))
+
+
+def _prefixed_attention_bwd(block: int, residuals, g_bkrth):
+    q, prefix_k, prefix_v, k, v, prefix_mask_qp, mask_bt, out, m, inv_l = residuals
+    t = q.shape[3]
+    dq, sums = [], [jnp.zeros(x.shape, jnp.float32) for x in (prefix_k, prefix_v, k, v)]
+    for first, end in _causal_spans(t, block):
+        q_i, out_i, m_i, inv_l_i, g_i = (x[:, :, :, first:end] for x in (q, out, m, inv_l, g_bkrth))
+        dq_i, *parts = _prefixed_backward_block(q_i, prefix_k, prefix_v, k[:, :, :end], v[:, :, :end],
+                                                *_prefixed_visible(prefix_mask_qp, mask_bt, first, end),
+                                                out_i, m_i, inv_l_i, g_i)
+        dq.append(dq_i)
+        pad = [(0, 0), (0, 0), (0, t - end), (0, 0)]
+        parts[2:] = [jnp.pad(x, pad) for x in parts[2:]]  # own keys [0, end) of T
+        sums = [total + part for total, part in zip(sums, parts, strict=True)]
+    grads = [total.astype(x.dtype) for total, x in zip(sums, (prefix_k, prefix_v, k, v), strict=True)]
+    return jnp.concatenate(dq, axis=3), *grads, None, None
 
 
 _prefixed_attention.defvjp(_prefixed_attention_fwd, _prefixed_attention_bwd)

@@ -120,5 +120,4 @@ def self_attention(backend: str, q_btnh, k_bksh, v_bksh, mask_bt, *, mesh=None, 
         return splash.attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, mesh=mesh)
     if backend == "cudnn":
         return cudnn.attend_causal(q_btnh, k_bksh, v_bksh, mask_bt)
-    return attention.attend_causal(q_btnh, k_bksh, v_bksh, mask_bt,
-                                   min(query_block or attention.CAUSAL_BLOCK, attention.CAUSAL_BLOCK))
+    return attention.attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, attention.causal_block(query_block))

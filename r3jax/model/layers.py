@@ -10,7 +10,7 @@ from flax import nnx
 
 from r3jax.model import attention_plan, sharding
 from r3jax.model import cache as kv_cache
-from r3jax.model.attention import attend, attend_cached, attend_shared_prefix
+from r3jax.model.attention import attend_cached, attend_shared_prefix, causal_block
 from r3jax.model.config import ModelConfig
 
 
@@ -95,8 +95,8 @@ class Attention(nnx.Module):
                  prefix=None):
         """Attends causally over the new tokens alone (kv and prefix None; mask_bts is then the [B, T] mask of
         real tokens, and the backend is `attention`), after a prefix's keys and values (prefix: k, v
-        [B, K, P, H], or [Q, K, P, H] for Q groups of B / Q rows in order; mask_bts [B, T, P + T] then covers
-        [prefix | new]), or over layer `layer` of the full
+        [Q, K, P, H] for Q groups of B / Q rows in order; mask_bts is then (the prefixes' real slots [Q, P],
+        the rows' real tokens [B, T])), or over layer `layer` of the full
         cache (k, v [L, B, K, S, H]), into which the new keys and values are first written at slot `index`;
         then only the cache's first `bound` slots are read, after the layer's keys and values of the cache's
         shared prefix if it has one (prefix: `cache.Prefix.layer`; mask_bts [B, T, P + S]). in_out: the
@@ -122,11 +122,8 @@ class Attention(nnx.Module):
             if prefix is None:
                 out = attention_plan.self_attention(self.attention, q, *kv, mask_bts, mesh=self.mesh,
                                                     query_block=self.query_block)
-            elif prefix[0].shape[0] != b:  # Q < B prefixes, each read by a group of rows
-                out = attend_shared_prefix(q, *prefix, *kv, mask_bts, self.query_block)
-            else:
-                keys, values = [jnp.concatenate(x, axis=2) for x in zip(prefix, kv, strict=True)]
-                out = attend(q, keys, values, mask_bts, self.query_block)
+            else:  # Q prefixes, each read by a group of B / Q rows; mask_bts: (prefix mask [Q, P], rows' [B, T])
+                out = attend_shared_prefix(q, *prefix, *kv, *mask_bts, causal_block(self.query_block))
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
             out = attend_cached(q, kv, layer, mask_bts, bound, prefix=prefix)

@@ -204,11 +204,9 @@ class Qwen2(nnx.Module):
         # positions continue the prefix's (as `positions_from_mask` of the joined row gives them)
         positions = jnp.maximum(seen.sum(-1, dtype=jnp.int32)[:, None] + jnp.cumsum(mask_bt, -1, dtype=jnp.int32) - 1,
                                 0)
-        b, t = tokens_bt.shape
-        mask_bts = jnp.concatenate([jnp.broadcast_to(seen[:, None], (b, t, seen.shape[1])),
-                                    kv_cache.causal_mask(mask_bt)], axis=-1)            # [B, T, P + T]
         tables = rope_tables(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
-        x, _, _ = self._scan_layers(self._embed(tokens_bt), tables, mask_bts, None, None, None, prefix=(k, v),
+        masks = (prefix_mask if in_groups else seen, mask_bt)  # each row's prefix's real slots, its own tokens
+        x, _, _ = self._scan_layers(self._embed(tokens_bt), tables, masks, None, None, None, prefix=(k, v),
                                     prefix_rows=None if in_groups else row_prefix)
         return self.norm(prefix), self.norm(x)
 
