@@ -2,9 +2,8 @@
 
 Usage: python bench/causal_attention.py [--rounds 3] [--cases t1024 t2048 t4096]
 Both run on the same [B, T, 12, 128] queries over [B, 2, T, 128] keys and values (the 1.5B model's heads, fp32,
-rows left-padded by T / 8): `attention.attend` over `cache.causal_mask` in query blocks of
-`attention.QUERY_BLOCK` (every key, the upper triangle masked: the path before skipping) and
-`attention.attend_causal` in blocks of `attention.CAUSAL_BLOCK` (block i reads keys up to its diagonal). Prints
+rows left-padded by T / 8): `attention.attend_causal` in one block of T queries (every key read, the upper
+triangle masked: dense) and in blocks of `attention.CAUSAL_BLOCK` (block i reads keys up to its diagonal). Prints
 one JSON line per case: each median time, `speedup` = dense / skipping, and the share of the [T, T] scores the
 blocks compute (`scores_read`).
 """
@@ -21,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from common import alternate, emit, main_over_cases  # noqa: E402
 
-from r3jax.model import attention, cache  # noqa: E402
+from r3jax.model import attention  # noqa: E402
 
 CASES = {"t1024": dict(batch=2, seq=1024), "t2048": dict(batch=1, seq=2048), "t4096": dict(batch=1, seq=4096)}
 
@@ -40,7 +39,7 @@ def run(name: str, case: dict, rounds: int) -> None:
             return out, pull(g)
         return lambda: jax.block_until_ready(step(q, kk, v))
 
-    dense = fwd_bwd(lambda q, kk, v: attention.attend(q, kk, v, cache.causal_mask(mask)))
+    dense = fwd_bwd(lambda q, kk, v: attention.attend_causal(q, kk, v, mask, query_block=t))
     skipping = fwd_bwd(lambda q, kk, v: attention.attend_causal(q, kk, v, mask))
     dense(), skipping()  # compile
     times = alternate({"dense": dense, "skipping": skipping}, rounds)

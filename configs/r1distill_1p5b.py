@@ -48,7 +48,7 @@ def get_config():
     c.mesh.tensor = 2
     # The loss has (128 + 8 reflection slots) x (8 + 2 replayed) = 1360 rows of 9216 tokens: 85 micro-batches
     # of 16 rows, one row per data x fsdp shard (a micro-batch the batch axes do not divide runs replicated),
-    # whose attention takes its queries 1,024 at a time (`model.query_block`). (GRPO: 1024 rows, 64.)
+    # whose attention runs Pallas splash on TPU (`model.attention`, docs/SCALING.md). (GRPO: 1024 rows, 64.)
     c.micro_batch_rows = 16
     c.rl.chunk_size = 512                  # head tokens per chunk: [rows, 512, V/2] fp32 logits at a time
     # Rows per sampler call: 32 prompts x 8 = 2 prompts per batch shard (a chunk's prompts must split over the

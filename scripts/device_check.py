@@ -4,7 +4,7 @@
     python scripts/device_check.py --rows 1 --prompt 1024 --response 8192 --samples 8
 
 Cases, per backend the platform runs (`attention_plan`: "xla" everywhere, "splash" on TPU, "cudnn" on GPU):
-- parity: the backend's causal self-attention against dense XLA attention over `cache.causal_mask`, values and
+- parity: the backend's causal self-attention against the XLA path (`attention.attend_causal`), values and
   gradients at real positions, on padded bf16 and fp32 rows (what tests/test_attention_backends.py checks on a
   CPU through interpreters);
 - train: one step of a 1.5B-shaped model with 2 layers (bf16, remat "dots") on rows of prompt + response
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from r3jax import model as rm  # noqa: E402
-from r3jax.model import attention, attention_plan, cache, cudnn, splash  # noqa: E402
+from r3jax.model import attention, attention_plan, cudnn, splash  # noqa: E402
 from r3jax.rl import loss  # noqa: E402
 from r3jax.sampling import generate  # noqa: E402
 
@@ -78,7 +78,7 @@ def parity(backend: str, platform: str, dtype) -> dict:
             return out, pull(g)
         return run(q, kk, v, mask, g)
 
-    want = vjp(lambda q, k, v, m: attention.attend(q, k, v, cache.causal_mask(m)))
+    want = vjp(attention.attend_causal)  # the XLA path
     got = vjp(backend_fn(backend, platform))
     real = np.asarray(mask)[:, :, None, None]
     err = lambda a, b: float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))  # noqa: E731

@@ -1,34 +1,22 @@
-"""`attention.attend`'s hand-written gradient equals differentiating the softmax-attention formula."""
-
-import functools
+"""The XLA attention paths' hand-written gradients equal differentiating the softmax-attention formula
+(`attention_reference`): causal blocks in bf16, a shared prefix read in causal blocks, and what "dots" remat keeps."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_reference import causal, formula
 
 from r3jax.model import attention, cache
 
 
-def formula(q_btnh, k_bksh, v_bksh, mask_bts):
-    """Grouped-query softmax attention written plainly (the reference the gradient is checked against)."""
-    b, t, n, h = q_btnh.shape
-    kh = k_bksh.shape[1]
-    k = jnp.repeat(k_bksh, n // kh, axis=1)  # query head j reads KV head j // (N / K)
-    v = jnp.repeat(v_bksh, n // kh, axis=1)
-    scores = jnp.einsum("btnh,bnsh->bnts", q_btnh, k) / np.sqrt(h)
-    scores = jnp.where(mask_bts[:, None], scores, attention._MASKED)
-    return jnp.einsum("bnts,bnsh->btnh", jax.nn.softmax(scores, axis=-1), v)
-
-
-def inputs(dtype=jnp.float32, b=3, t=5, s=9, n=4, kh=2, h=8, seed=0):
+def causal_inputs(dtype, b=3, t=9, n=4, kh=2, h=8, seed=1):
+    """Rows [padding | real | padding] and a cotangent that is 0 at padded positions."""
     rng = np.random.RandomState(seed)
-    q, k, v = (jnp.asarray(rng.randn(*shape), dtype) for shape in ((b, t, n, h), (b, kh, s, h), (b, kh, s, h)))
-    mask = np.tril(np.ones((t, s), bool), k=s - t)[None].repeat(b, 0)  # T queries after S - T earlier keys
-    mask[1, :, :3] = False   # left padding: three keys nobody sees
-    mask[2, 0] = False       # a query that sees no key at all (uniform softmax)
-    cotangent = jnp.asarray(rng.randn(b, t, n, h), dtype)
-    return q, k, v, jnp.asarray(mask), cotangent
+    q, k, v = (jnp.asarray(rng.randn(*shape), dtype) for shape in ((b, t, n, h), (b, kh, t, h), (b, kh, t, h)))
+    mask = np.ones((b, t), bool)
+    mask[1, :3], mask[2, 7:] = False, False
+    return q, k, v, jnp.asarray(mask), jnp.asarray(rng.randn(b, t, n, h) * mask[:, :, None, None], dtype)
 
 
 def vjp(fn, q, k, v, mask, cotangent):
@@ -36,25 +24,13 @@ def vjp(fn, q, k, v, mask, cotangent):
     return out, pull(cotangent)
 
 
-@pytest.mark.parametrize("query_block", [None, 2], ids=["one_block", "blocks_of_2"])
-def test_values_and_gradients_equal_the_formula(query_block):
-    """Every query, also one with no visible key, and every q, k, v entry (KV heads shared by two query heads);
-    the 5 queries in one block, or in blocks of 2 (the last one padded)."""
-    q, k, v, mask, cotangent = inputs()
-    attend = functools.partial(attention.attend, query_block=query_block)
-    out, grads = jax.jit(vjp, static_argnums=0)(attend, q, k, v, mask, cotangent)
-    ref_out, ref_grads = vjp(formula, q, k, v, mask, cotangent)
-    np.testing.assert_allclose(out, ref_out, atol=1e-6)
-    for name, g, ref in zip("qkv", grads, ref_grads, strict=True):
-        np.testing.assert_allclose(g, ref, atol=2e-6, err_msg=f"d{name}")
-
-
-def test_gradients_keep_the_inputs_dtype():
-    """bf16 in, bf16 gradients out, close to the fp32 formula's (in blocks of 2 queries)."""
-    q, k, v, mask, cotangent = inputs(jnp.bfloat16, seed=1)
-    _, grads = vjp(functools.partial(attention.attend, query_block=2), q, k, v, mask, cotangent)
+def test_causal_gradients_keep_the_inputs_dtype():
+    """bf16 in, bf16 gradients out, close to the fp32 formula's (in causal blocks of 2 queries)."""
+    q, k, v, mask, cotangent = causal_inputs(jnp.bfloat16)
+    _, grads = jax.jit(vjp, static_argnums=0)(lambda *a: attention.attend_causal(*a, query_block=2), q, k, v, mask,
+                                              cotangent)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    _, ref_grads = vjp(formula, *f32, mask, cotangent.astype(jnp.float32))
+    _, ref_grads = vjp(causal, *f32, mask, cotangent.astype(jnp.float32))
     for name, g, ref in zip("qkv", grads, ref_grads, strict=True):
         assert g.dtype == jnp.bfloat16, name
         np.testing.assert_allclose(np.asarray(g, np.float32), ref, atol=0.05, rtol=0.05, err_msg=f"d{name}")
@@ -82,8 +58,8 @@ def prefixed_inputs(q_count=3, g=2, t=5, p=7, n=4, kh=2, h=8, dtype=jnp.float32,
                          ids=["3x2", "2x4", "one_row_each", "blocks_of_2", "long_rows_blocks_of_4"])
 def test_a_shared_prefix_attends_like_per_row_copies(q_count, g, t, query_block):
     """`attend_shared_prefix` (each group's queries meet its prefix once, in causal blocks of queries) gives
-    `attend`'s values and gradients at real positions over each row's own copy of its prefix under the joined
-    causal mask, the prefix's gradient summed over its group."""
+    the formula's values and gradients at real positions over each row's own copy of its prefix under the
+    joined causal mask, the prefix's gradient summed over its group."""
     q, kp, vp, ko, vo, seen, own, cotangent = prefixed_inputs(q_count, g, t)
     rows = np.repeat(np.arange(q_count), g)
     mask = jnp.concatenate([jnp.broadcast_to(seen[rows][:, None], (len(rows), t, seen.shape[1])),
@@ -93,7 +69,7 @@ def test_a_shared_prefix_attends_like_per_row_copies(q_count, g, t, query_block)
 
     def copies(q, kp, vp, ko, vo):
         joined = [jnp.concatenate([x[rows], o], axis=2) for x, o in ((kp, ko), (vp, vo))]
-        return attention.attend(q, *joined, mask)
+        return formula(q, *joined, mask)
 
     def shared(q, kp, vp, ko, vo):
         return attention.attend_shared_prefix(q, kp, vp, ko, vo, seen, own, query_block)

@@ -1,6 +1,7 @@
-"""Every causal self-attention backend (`attention_plan.BACKENDS`) gives `attend` over `cache.causal_mask`'s values
-and gradients at real positions: XLA's causal block skipping, Pallas splash (run by Pallas' interpreter on this
-CPU) and the cuDNN path's rotations (run with `jax.nn.dot_product_attention`'s XLA implementation here)."""
+"""Every causal self-attention backend (`attention_plan.BACKENDS`) gives the formula's values and gradients under
+`cache.causal_mask` (`attention_reference.causal`) at real positions: XLA's causal block skipping, Pallas
+splash (run by Pallas' interpreter on this CPU) and the cuDNN path's rotations (run with
+`jax.nn.dot_product_attention`'s XLA implementation here)."""
 
 import functools
 
@@ -8,8 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_reference import causal
 
-from r3jax.model import attention, cache, cudnn, splash
+from r3jax.model import attention, cudnn, splash
 
 
 def rows(b=3, t=37, n=4, kh=2, h=16, seed=0):
@@ -30,13 +32,9 @@ def value_and_grads(fn, q, k, v, mask, cotangent):
     return out, pull(cotangent)
 
 
-def dense(q, k, v, mask_bt):
-    return attention.attend(q, k, v, cache.causal_mask(mask_bt))
-
-
 def assert_equal_at_real_positions(fn, inputs, atol=2e-5):
     q, k, v, mask, cotangent = inputs
-    want, want_grads = value_and_grads(dense, *inputs)
+    want, want_grads = value_and_grads(causal, *inputs)
     got, got_grads = value_and_grads(fn, *inputs)
     assert bool(jnp.isfinite(got).all()), "a padded query's output is not finite"
     real = np.asarray(mask)[:, :, None, None]

@@ -1,6 +1,6 @@
-"""Softmax attention with grouped KV heads: `attend` for forwards without a cache, training's (queries in
-blocks, its gradient written out), `attend_cached` for the sampler's prefill and decoding (cache slots in blocks,
-an online softmax)."""
+"""Softmax attention with grouped KV heads, on XLA: `attend_causal` for forwards without a cache (training's,
+the prefill's: causal query blocks, the gradient written out), `attend_shared_prefix` for rows that continue a
+prompt held once per group, and `attend_cached` for decoding (cache slots in blocks, an online softmax)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,6 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 # blocks. Small enough that a short response reads little of a long budget, large enough that the loop over
 # blocks costs little per step.
 CACHE_BLOCK = 256
-# Queries a training attention (`attend`) takes at a time: its [T, S] scores, probabilities and their
-# gradients exist for one block of queries at once. At the 1.5B model's 9,216 positions a whole [T, S] fp32
-# block is 1.9 GiB a chip (v5e:4x8); shorter sequences run in one block, with no loop.
-QUERY_BLOCK = 1024
 # The name of a training attention's output and softmax statistics (the residuals its backward reads besides
 # q, k and v), for remat policies that keep them: the backward then recomputes the scores once, in its own
 # pass, and the forward is not run a second time (`qwen2.REMAT_POLICIES["dots"]`).
@@ -30,26 +26,15 @@ OUTPUT_NAME = "attention_output"
 CAUSAL_BLOCK = 512
 
 
-
-def attend(q_btnh, k_bksh, v_bksh, mask_bts, query_block: int | None = None) -> jax.Array:
-    """Softmax attention with K KV heads shared by groups of R = N / K query heads (fp32 scores).
-
-    Its gradient is written out (`_softmax_attention`): the same values as differentiating the formula, in
-    fewer passes over the [T, S] scores. Queries are taken `query_block` at a time (default `QUERY_BLOCK`),
-    so no [T, S] temporary is ever larger than [query_block, S], forward or backward."""
-    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
-    out = _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, query_block or QUERY_BLOCK)
-    return _ungroup_heads(out)
-
-
 def attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, query_block: int | None = None) -> jax.Array:
     """Causal self-attention of a row's tokens among themselves (S = T), the XLA backend of
     `attention_plan`: query t sees key s where s <= t and mask_bt[s] (its real tokens), and a padded query
     also itself (so that it has a key whatever the blocks; its value never reaches a real query).
 
-    The same values and gradients at real positions as `attend` with `cache.causal_mask(mask_bt)`, with the keys
-    past the diagonal skipped: queries run `query_block` at a time (default `CAUSAL_BLOCK`), and block i reads
-    only keys [0, (i + 1)·query_block), forward and backward; no [B, T, T] mask is formed. At T = 2,048 in
+    The values and gradients at real positions of softmax attention under `cache.causal_mask(mask_bt)` (the
+    softmax gradient written out: `_backward_block`), with the keys past the diagonal skipped: queries run
+    `query_block` at a time (default `CAUSAL_BLOCK`), and block i reads only keys [0, (i + 1)·query_block),
+    forward and backward; no [B, T, T] mask is formed. At T = 2,048 in
     blocks of 512 the four blocks read 5/8 of the [T, T] scores. Every position's value is the same whatever
     the block size."""
     block = query_block or CAUSAL_BLOCK
@@ -117,46 +102,15 @@ def _scores(q_bkrth, keys, mask_bts, equation: str = "bkrth,bksh->bkrts"):
     return jnp.where(mask_bts[:, None, None], scores * q_bkrth.shape[-1] ** -0.5, _MASKED)
 
 
-def _query_blocks(x, axis: int, block: int):
-    """x with its query axis cut into [n, block] (zero-padded at the end), the n blocks leading."""
-    t = x.shape[axis]
-    n = -(-t // block)
-    x = jnp.pad(x, [(0, n * block - t) if a == axis else (0, 0) for a in range(x.ndim)])
-    return jnp.moveaxis(x.reshape(*x.shape[:axis], n, block, *x.shape[axis + 1:]), axis, 0)
-
-
-def _join_blocks(x, axis: int, t: int):
-    """Inverse of `_query_blocks`: the blocks back on `axis`, the first t queries."""
-    x = jnp.moveaxis(x, 0, axis)
-    return jax.lax.slice_in_dim(x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]), 0, t, axis=axis)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _softmax_attention(q_bkrth, k_bksh, v_bksh, mask_bts, block: int):
-    """softmax(scores) @ v, normalised after the product: out = (exp(scores - m) @ v) / l with the row max m
-    and sum l. A query with no visible key gets the uniform softmax (every score is _MASKED)."""
-    return _softmax_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bts, block)[0]
-
-
 def _forward_block(q_bkrth, k_bksh, v_bksh, mask_bts):
+    """softmax(scores) @ v of one block of queries, normalised after the product: (exp(scores - m) @ v) / l with
+    the row max m and sum l, which the backward reads. A query with no visible key gets the uniform softmax."""
     scores = _scores(q_bkrth, k_bksh, mask_bts)
     m = scores.max(-1, keepdims=True)
     e = jnp.exp(scores - m)
     inv_l = 1.0 / e.sum(-1, keepdims=True)
     pv = jnp.einsum("bkrts,bksh->bkrth", e.astype(v_bksh.dtype), v_bksh, preferred_element_type=jnp.float32)
     return (pv * inv_l).astype(v_bksh.dtype), m, inv_l
-
-
-def _softmax_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bts, block: int):
-    t = q_bkrth.shape[3]
-    if t <= block:
-        out, m, inv_l = _forward_block(q_bkrth, k_bksh, v_bksh, mask_bts)
-    else:  # padded queries see no key; their rows are cut off again
-        blocks = jax.lax.map(lambda x: _forward_block(x[0], k_bksh, v_bksh, x[1]),
-                             (_query_blocks(q_bkrth, 3, block), _query_blocks(mask_bts, 1, block)))
-        out, m, inv_l = (_join_blocks(x, 3, t) for x in blocks)
-    out, m, inv_l = (checkpoint_name(x, OUTPUT_NAME) for x in (out, m, inv_l))
-    return out, (q_bkrth, k_bksh, v_bksh, mask_bts, out, m, inv_l)
 
 
 def _backward_block(q, k, v, mask, out, m, inv_l, g_bkrth):
@@ -169,27 +123,6 @@ def _backward_block(q, k, v, mask, out, m, inv_l, g_bkrth):
     row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
     ds = jnp.where(mask[:, None, None], p * (dp - row) * q.shape[-1] ** -0.5, 0.0).astype(q.dtype)
     return acc32("bkrts,bksh->bkrth", ds, k).astype(q.dtype), acc32("bkrts,bkrth->bksh", ds, q), dv
-
-
-def _softmax_attention_bwd(block: int, residuals, g_bkrth):
-    q, k, v, mask, out, m, inv_l = residuals
-    t = q.shape[3]
-    if t <= block:
-        dq, dk, dv = _backward_block(q, k, v, mask, out, m, inv_l, g_bkrth)
-    else:  # dk and dv add up over the blocks of queries
-        def one(carry, x):
-            q_c, mask_c, out_c, m_c, inv_l_c, g_c = x
-            dq_c, dk_c, dv_c = _backward_block(q_c, k, v, mask_c, out_c, m_c, inv_l_c, g_c)
-            return (carry[0] + dk_c, carry[1] + dv_c), dq_c
-
-        zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
-        blocks = tuple(_query_blocks(x, 1 if x is mask else 3, block) for x in (q, mask, out, m, inv_l, g_bkrth))
-        (dk, dv), dq = jax.lax.scan(one, zeros, blocks)
-        dq = _join_blocks(dq, 3, t)
-    return dq, dk.astype(k.dtype), dv.astype(v.dtype), None
-
-
-_softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
 def _by_prefix(x, prefixes: int):
@@ -220,7 +153,7 @@ def attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask
     query also sees itself). prefix_k, prefix_v [Q, K, P, H] hold each prefix once; the B rows are Q groups of
     G = B / Q in order (a GRPO group's responses to one prompt; G = 1: each row its own prefix).
 
-    The values and gradients at real positions of `attend` over each row's own copy of its prefix, in fewer
+    The values and gradients at real positions of attention over each row's own copy of its prefix, in fewer
     passes: per KV head a group's G·R queries of a block meet the prefix in one [G·R·T, H] x [H, P] product,
     forward and backward (the GRPO bench's loss, 8 groups of 8 rows, 128 prompt and 64 response tokens:
     24.5 ms a layer's forward + backward against 30.6 ms over gathered copies), and no [B, K, P, H] copy is
@@ -331,7 +264,7 @@ _prefixed_attention.defvjp(_prefixed_attention_fwd, _prefixed_attention_bwd)
 
 
 def attend_cached(q_btnh, kv, layer, mask_bts, bound, block: int | None = None, prefix=None) -> jax.Array:
-    """`attend` of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H], or per layer, in parts
+    """Softmax attention of T new queries over layer `layer` of the cache (k, v [L, B, K, S, H], or per layer, in parts
     with keys [B, K, H, S']: `cache.Cache`), reading only the slots below `bound` ([] int32), `block` slots
     at a time (default `CACHE_BLOCK`).
 

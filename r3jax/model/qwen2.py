@@ -36,10 +36,10 @@ class Qwen2(nnx.Module):
     param_dtype: dtype the weights are stored in. dtype: dtype of the computation (weights are cast
     per use; norms, softmax and the head's accumulation stay fp32). remat: per-layer
     rematerialisation, one of REMAT_POLICIES. mesh: when set, activations are pinned to their
-    `sharding.ACTIVATION_SPECS` entries on it. query_block: queries an attention takes at a time
-    (default `attention.QUERY_BLOCK`): the largest [T, S] temporary is [query_block, S]. attention: the
-    backend of causal self-attention in forwards without a cache (`attention_plan.BACKENDS`; "auto": the
-    platform's, that of the mesh's devices or JAX's default backend).
+    `sharding.ACTIVATION_SPECS` entries on it. query_block: queries a causal attention takes at a time
+    on the XLA backend (default and most `attention.CAUSAL_BLOCK`): the largest [T, S] temporary is
+    [query_block, S]. attention: the backend of causal self-attention in forwards without a cache
+    (`attention_plan.BACKENDS`; "auto": the platform's, that of the mesh's devices or JAX's default backend).
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32, dtype=jnp.float32,

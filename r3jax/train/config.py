@@ -19,7 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from r3jax.model import attention_plan
-from r3jax.model.attention import QUERY_BLOCK
+from r3jax.model.attention import CAUSAL_BLOCK
 from r3jax.model.qwen2 import REMAT_POLICIES
 from r3jax.rl import algorithm
 
@@ -68,10 +68,9 @@ def base_config() -> ml_collections.ConfigDict:
         # (the [B, N, T, T] scores are never stored: about a third of the temp memory, and on this CPU half
         # the train step, page faults included: BENCHMARKS.md); "none" stores everything, "full" only inputs
         remat="dots",
-        # queries an attention takes at a time in training (the sampler reads its cache in blocks of its own):
-        # [T, S] scores and their gradients exist for one block of queries at once (the 1.5B plan on v5e-32:
-        # 7.0 GiB in one block, 4.8 in blocks of 1024)
-        query_block=QUERY_BLOCK,
+        # queries a causal attention takes at a time on the XLA backend (at most attention.CAUSAL_BLOCK): block i
+        # reads keys up to its diagonal, and [T, S] scores and their gradients exist for one block at once
+        query_block=CAUSAL_BLOCK,
         # causal self-attention's backend (r3jax.model.attention_plan): "auto" picks the platform's (TPU: Pallas
         # splash, GPU: cuDNN flash, CPU: XLA with causal block skipping); "xla" runs anywhere
         attention="auto"))
