@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     from r3jax.data import problems as data_problems
     from r3jax.eval import benchmark, policy, report
     from r3jax.model import sharding
+    from r3jax.train import workdir
 
     compiles.use_persistent_cache(args.compilation_cache)
     compiles.start_counting()
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     output = pathlib.Path(args.output)
     mesh = sharding.make_mesh(data=1, fsdp=-1, tensor=1)
     try:
-        loaded = policy.load_policy(args.model, mesh=mesh)
+        loaded = workdir.load_policy(args.model, mesh=mesh)  # a Hugging Face folder or a train.py workdir
         benches = [benchmark.load_benchmark(n, f, loaded.tokenizer, limit=args.limit) for n, f in files.items()]
     except (policy.PolicyError, data_problems.DataError, OSError) as e:
         fail(str(e))
