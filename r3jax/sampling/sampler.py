@@ -149,8 +149,9 @@ def _pad_id(pad_id, eos_ids) -> int:
 
 def _check_prompts(tokens, mask):
     tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask).astype(bool)
-    if tokens.ndim != 2 or mask.shape != tokens.shape:
-        raise ValueError(f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must be the same [P, Tp]")
+    if tokens.ndim != 2 or mask.shape != tokens.shape or 0 in tokens.shape:
+        raise ValueError(f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must be the same [P, Tp], "
+                         "with at least one prompt and one column")
     if not isinstance(mask, jax.core.Tracer):
         empty = np.flatnonzero(~np.asarray(mask).any(-1))
         if empty.size:
