@@ -187,17 +187,42 @@ def test_replay_rows_train_apart_like_rows_that_join_the_on_policy_ones(name, mi
 
 
 def test_replay_rows_stay_with_the_on_policy_rows_where_apart_gains_nothing_or_would_not_split():
-    """Without shared prompts no row reads its prompt by group, so the replay rows stay, and so on a mesh whose
-    2 batch devices split the rows (the step turns shared prompts off there); with micro-batches of 3 of the
-    8 + 4 rows (4 micro-batches), the on-policy rows would not split into whole micro-batches."""
+    """Without shared prompts no row reads its prompt by group, so the replay rows stay; with micro-batches of 3
+    of the 8 + 4 rows (4 micro-batches), the on-policy rows would not split into whole micro-batches; on 8 batch
+    devices each holds one row of a group of 2. On one device, and on 2 (whole groups each), apart."""
     batch = short_batch([[False, False], [True, True], [True, False], [False, False]], 3, np.zeros((P, G), bool))
-    rows_split = sharding.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
-    for kw, mesh in ((dict(share_prompts=False), None), (dict(num_micro_batches=4), None), ({}, rows_split)):
+    mesh = lambda n: sharding.make_mesh(data=n, fsdp=1, tensor=1, devices=jax.devices()[:n])  # noqa: E731
+    stored = with_three_stored(setup("r3")[3]).buffer
+    for kw, devices in ((dict(share_prompts=False), 1), (dict(num_micro_batches=4), 1), ({}, 8)):
         cfg = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=1, **kw)
-        chosen = layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, batch, mesh)
-        assert chosen.replay_rows == 4 and not chosen.replay_apart, kw
+        chosen = layout.choose(cfg, stored, batch, mesh(devices))
+        assert chosen.replay_rows == (4 if devices == 1 else 8) and not chosen.replay_apart, (kw, devices)
     cfg = algorithm.algorithm_config("r3", max_response_tokens=T, bucket_min_width=1)
-    assert layout.choose(cfg, with_three_stored(setup("r3")[3]).buffer, batch).replay_apart  # the same, one device
+    assert layout.choose(cfg, stored, batch).replay_apart
+    assert layout.choose(cfg, stored, batch, mesh(2)).replay_apart
+
+
+@pytest.mark.parametrize("name", ["grpo", "r3"])
+def test_on_a_mesh_that_splits_the_rows_whole_groups_per_device_share_their_prompt(name):
+    """Rows split over 2 batch devices, 2 groups of 2 rows on each: the on-policy rows read their prompts group
+    by group (R³'s replay rows in a segment of their own, row by row, without sharing). Same params, metrics and
+    buffer as with share_prompts off."""
+    from r3jax.rl import batch as rl_batch
+
+    mesh = sharding.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    batch = short_batch([[False, False], [True, True], [True, False], [False, False]], 3, np.zeros((P, G), bool))
+    steps = {}
+    for share in (True, False):
+        cfg, tx, graphdef, state = setup(name, mesh, sgd=True, bucket_min_width=1, share_prompts=share)
+        if name == "r3":
+            state = with_three_stored(state)
+        chosen = layout.choose(cfg, state.buffer, batch, mesh)
+        on_policy = train_step.segments(cfg, batch, chosen)[0]
+        assert (train_step.shared_prompts(cfg, on_policy, 2) is not None) == share
+        placed = jax.device_put(batch, rl_batch.batch_shardings(batch, mesh))
+        steps[share] = train_step.make_train_step(graphdef, cfg, tx, state, placed, mesh)(state, placed, chosen)
+    (shared, shared_m), (own, own_m) = steps[True], steps[False]
+    assert_same_step(shared, shared_m, own, own_m)
 
 
 def test_a_narrow_segment_is_left_out_when_its_rows_would_not_split():

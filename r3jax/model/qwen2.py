@@ -200,7 +200,8 @@ class Qwen2(nnx.Module):
         tables = rope_tables(kv_cache.positions_from_mask(prefix_mask), cfg.head_dim, cfg.rope_theta, self.dtype)
         prefix, _, (k, v) = self._scan_layers(self._embed(prefix_tokens), tables, prefix_mask, None, None, None,
                                               emit=True)              # k, v [L, Q, K, P, H]
-        seen = prefix_mask[row_prefix]                                                  # [B, P]
+        b, q = tokens_bt.shape[0], prefix_tokens.shape[0]
+        seen = jnp.repeat(prefix_mask, b // q, axis=0) if in_groups else prefix_mask[row_prefix]  # [B, P]
         # positions continue the prefix's (as `positions_from_mask` of the joined row gives them)
         positions = jnp.maximum(seen.sum(-1, dtype=jnp.int32)[:, None] + jnp.cumsum(mask_bt, -1, dtype=jnp.int32) - 1,
                                 0)

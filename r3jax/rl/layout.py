@@ -109,6 +109,13 @@ def _group_rows(rows: int, micro_batches: int, g: int, replay_rows: int) -> int:
     return g if regular else 0
 
 
+def reads_by_group(seg: Segment, devices: int = 1) -> bool:
+    """Whether the segment's rows can read their prompts group by group with the rows split over `devices` batch
+    devices: every micro-batch is whole groups in order (`Segment.group_rows`), and so is each device's share of
+    it (no group straddles two devices, so no row, prompt or key crosses shards)."""
+    return bool(seg.group_rows) and (seg.rows // seg.micro_batches) % (devices * seg.group_rows) == 0
+
+
 def _splits(segs: tuple[Segment, ...], devices: int) -> bool:
     """Every segment's rows split into its micro-batches, each a multiple of `devices` rows (batch devices)."""
     return all(s.rows % s.micro_batches == 0 and (s.rows // s.micro_batches) % devices == 0 for s in segs)
@@ -218,14 +225,13 @@ def _narrowed(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int
 
 
 def _replay_apart(chosen: Layout, cfg: RLConfig, p: int, g: int, prompt_columns: int, devices: int) -> Layout:
-    """`chosen` with its replay rows in a segment of their own, when that lets on-policy rows read their prompts
-    group by group (`Segment.group_rows`: a micro-batch holding a replay row reads every prompt row by row) and
-    every segment still splits over its micro-batches and the devices; else `chosen`. Only with shared prompts
-    on one batch device (`train_step.make_train_step` turns them off where the rows split over several): without
-    them no row reads its prompt by group anyway."""
-    if not (cfg.share_prompts and chosen.replay_rows and devices == 1):
+    """`chosen` with its replay rows in a segment of their own, when that lets more on-policy rows read their
+    prompts group by group (`reads_by_group`: a micro-batch holding a replay row reads every prompt row by row,
+    and on several batch devices not at all) and every segment still splits over its micro-batches and the
+    devices; else `chosen`. Only with shared prompts: without them no row reads its prompt by group anyway."""
+    if not (cfg.share_prompts and chosen.replay_rows):
         return chosen
     apart = dataclasses.replace(chosen, replay_apart=True)
     segs, before = (segments(x, cfg.num_micro_batches, p, g, prompt_columns) for x in (apart, chosen))
-    grouped = lambda segs: sum(s.rows for s in segs if s.group_rows)  # noqa: E731  rows read by group
+    grouped = lambda segs: sum(s.rows for s in segs if reads_by_group(s, devices))  # noqa: E731
     return apart if _splits(segs, devices) and grouped(segs) > grouped(before) else chosen

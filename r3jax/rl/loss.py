@@ -68,20 +68,24 @@ def shared_prompt_logprobs(model, tokens, attention_mask, response_mask, prompt_
     b, s = tokens.shape
     if not 0 < prompt_width < s:
         raise ValueError(f"prompt_width must leave prompt and response columns in rows of {s}, got {prompt_width}")
-    if group_size:
+    if group_size:  # reshapes and slices only: a mesh whose row shards hold whole groups moves no row
         if group_size * num_prompts != b:
             raise ValueError(f"group_size {group_size} x num_prompts {num_prompts} must be the {b} rows")
-        slot, source = jnp.arange(b) // group_size, jnp.arange(num_prompts) * group_size
+        slot = jnp.arange(b) // group_size
+        first_rows = lambda x: x.reshape(num_prompts, group_size, s)[:, 0, :prompt_width]  # noqa: E731
+        per_row = lambda x: jnp.repeat(x, group_size, axis=0)  # noqa: E731
     else:
         first = jnp.argmax(ids[:, None] == ids[None, :], axis=1)     # each row's first row with its prompt
         owner = first == jnp.arange(b)
         slot = (jnp.cumsum(owner) - 1)[first]                         # the prompt's row in the table
         (source,) = jnp.nonzero(owner, size=num_prompts, fill_value=0)
-    prompt_h, row_h = model.shared_prefix_hidden_states(tokens[source, :prompt_width], mask[source, :prompt_width],
-                                                        slot, tokens[:, prompt_width:], mask[:, prompt_width:],
+        first_rows = lambda x: x[source, :prompt_width]  # noqa: E731
+        per_row = lambda x: x[slot]  # noqa: E731
+    prompt_h, row_h = model.shared_prefix_hidden_states(first_rows(tokens), first_rows(mask), slot,
+                                                        tokens[:, prompt_width:], mask[:, prompt_width:],
                                                         in_groups=bool(group_size))
     # the prompt's last position predicts the first response token; each response position the next one
-    hidden = jnp.concatenate([prompt_h[slot, -1:], row_h[:, :-1]], axis=1)
+    hidden = jnp.concatenate([per_row(prompt_h[:, -1:]), row_h[:, :-1]], axis=1)
     logp, ent = head.token_logprobs_and_entropy(hidden, tokens[:, prompt_width:], model, chunk_size=chunk_size,
                                                 temperature=temperature, valid_vocab=valid_vocab)
     keep = jnp.asarray(response_mask).astype(bool)[:, prompt_width:]

@@ -49,9 +49,10 @@ class Groups:
 
 
 def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state: TrainState,
-               batch: rl_batch.RolloutBatch, layout: rl_layout.Layout | None = None):
+               batch: rl_batch.RolloutBatch, layout: rl_layout.Layout | None = None, *, row_shards: int = 1):
     """One iteration of Algorithm 1 on graded rollouts, in the loss layout the host chose for them (W of the T
-    response columns, R replay rows; None: the padded layout, T columns and k replay rows per group):
+    response columns, R replay rows; None: the padded layout, T columns and k replay rows per group);
+    row_shards: the devices a mesh splits the loss rows over (`shared_prompts`):
 
     1. rewards: the grader's R³ rewards (+ DAPO's overlong shaping when on)
     2. SERR: rank truncated failures of all-wrong groups by their entropy curves (§6)
@@ -73,7 +74,7 @@ def train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, state:
                                       alpha=cfg.r3.alpha, lam=cfg.r3.lam, eps=cfg.adv_eps)
     seqs = loss_inputs(batch, groups, adv, layout)
     loss_value, grads, policy = loss.segment_grads(state.params, loss_segments(graphdef, cfg, state, batch, seqs,  # 5
-                                                                               layout))
+                                                                               layout, row_shards))
     grad_norm = loss.grad_norm(grads)
     params, opt_state, skipped = finite_update(tx, state, grads, jnp.isfinite(loss_value) & jnp.isfinite(grad_norm))
     buffer = store_responses(cfg, state.buffer, stored, valid, state.step)         # 6
@@ -195,11 +196,11 @@ def loss_inputs(batch, groups: Groups, adv, layout: rl_layout.Layout) -> rl_batc
 
 
 def loss_segments(graphdef, cfg: RLConfig, state: TrainState, batch, seqs: rl_batch.Sequences,
-                  layout: rl_layout.Layout) -> list:
+                  layout: rl_layout.Layout, row_shards: int = 1) -> list:
     """(micro-batch loss, rows, micro-batches) for each of the loss's segments: what `loss.segment_grads` runs."""
     prompt_width = layout.prompt_width or batch.prompt_tokens.shape[1]
-    return [(functools.partial(_micro_batch_loss, graphdef, cfg, shared_prompts(cfg, seg)),
-             segment_rows(graphdef, cfg, state, seqs, seg, prompt_width), seg.micro_batches)
+    return [(functools.partial(_micro_batch_loss, graphdef, cfg, shared_prompts(cfg, seg, row_shards)),
+             segment_rows(graphdef, cfg, state, seqs, seg, prompt_width, row_shards), seg.micro_batches)
             for seg in segments(cfg, batch, layout)]
 
 
@@ -210,15 +211,15 @@ def segments(cfg: RLConfig, batch, layout: rl_layout.Layout) -> tuple[rl_layout.
 
 
 def segment_rows(graphdef, cfg: RLConfig, state: TrainState, seqs: rl_batch.Sequences,
-                 seg: rl_layout.Segment, prompt_width: int) -> rl_batch.Sequences:
+                 seg: rl_layout.Segment, prompt_width: int, row_shards: int = 1) -> rl_batch.Sequences:
     """The segment's rows of `loss_inputs` (whose rows have `prompt_width` prompt columns), with only its own
     last `seg.prompt_width` prompt columns (the rows' prompts fit: `layout.choose`), and π_ref's log-probs
     (β > 0 only: the one extra forward pass, which shares prompts as the policy's does)."""
     rows = slice(seg.start, seg.start + seg.rows)
     part = jax.tree.map(lambda x: x[rows, prompt_width - seg.prompt_width:] if x.ndim == 2 else x[rows], seqs)
     if cfg.beta > 0:
-        ref = _no_grad_logprobs(graphdef, cfg, shared_prompts(cfg, seg), seg.micro_batches, state.ref_params,
-                                (part.tokens, part.attention, part.response, part.prompt_ids))
+        ref = _no_grad_logprobs(graphdef, cfg, shared_prompts(cfg, seg, row_shards), seg.micro_batches,
+                                state.ref_params, (part.tokens, part.attention, part.response, part.prompt_ids))
         part = dataclasses.replace(part, ref_logprobs=ref)
     return part
 
@@ -248,12 +249,16 @@ def store_responses(cfg: RLConfig, buffer, batch, valid, step):
                          flat(batch.correct), flat(valid), step)
 
 
-def shared_prompts(cfg: RLConfig, seg: rl_layout.Segment) -> tuple[int, int, int] | None:
+def shared_prompts(cfg: RLConfig, seg: rl_layout.Segment, row_shards: int = 1) -> tuple[int, int, int] | None:
     """(prompt columns, distinct prompts per micro-batch at most, rows per prompt when the micro-batches are
     whole groups in order, else 0: `Segment.group_rows`) when the segment's loss runs each micro-batch's prompts
     once (`loss.shared_prompt_logprobs`), None when every row runs its own (`rl.share_prompts` off, or no
-    micro-batch would hold fewer prompts than rows). Static: part of the layout's program."""
+    micro-batch would hold fewer prompts than rows). On a mesh that splits a micro-batch's rows over
+    `row_shards` > 1 devices, only where each device's share is whole groups in order: every shard then runs its
+    own groups' prompts, and no row, prompt or key crosses shards. Static: part of the layout's program."""
     if not (cfg.share_prompts and seg.shared_prompts):
+        return None
+    if row_shards > 1 and not rl_layout.reads_by_group(seg, row_shards):
         return None
     return seg.prompt_width, seg.shared_prompts, seg.group_rows
 
@@ -344,12 +349,11 @@ def make_train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, s
                     batch: rl_batch.RolloutBatch, mesh=None):
     """`train_step` jitted: `step(state, batch[, layout])`, the state donated and coming back with its input
     shardings; each `layout` (static, hashable) compiles once. On a mesh that splits the loss rows over several
-    devices, rows do not share prompts (`rl.share_prompts` is for one device's rows: libtpu 0.0.42.1 aborts
-    compiling the cross-shard form, a CHECK failure in its AllGatherDynamicSliceCancellation pass, and its
-    gathers across shards are unmeasured)."""
-    if mesh is not None and sharding.batch_devices(mesh) > 1 and cfg.share_prompts:
-        cfg = dataclasses.replace(cfg, share_prompts=False)
-    step = functools.partial(train_step, graphdef, cfg, tx)
+    devices, rows share prompts only where every device holds whole groups (`shared_prompts`): the by-id form
+    gathers rows across shards, which libtpu 0.0.42.1 aborts compiling (a CHECK failure in its
+    AllGatherDynamicSliceCancellation pass)."""
+    row_shards = 1 if mesh is None else sharding.batch_devices(mesh)
+    step = functools.partial(train_step, graphdef, cfg, tx, row_shards=row_shards)
     if mesh is None:
         return jax.jit(step, donate_argnums=0, static_argnums=2)
     shardings = state_shardings(state, tx, mesh)
