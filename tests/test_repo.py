@@ -32,3 +32,20 @@ def test_ci_smoke_runs_the_readme_run_line_without_the_test_extra():
     assert install in lines[venv] and "[test]" not in lines[venv] and ".venv-run" in lines[venv], lines[venv]
     rest = "\n".join(lines[venv + 1:-1])
     assert "python train.py" in rest and "python eval.py" in rest and "/final" in rest
+
+
+def test_the_readme_is_a_front_door():
+    """At most 200 lines: what the project is, the two commands, what the default run prints, then a short
+    section per program pointing to its page."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; the details belong in docs/"
+
+
+def test_every_relative_link_of_the_shipped_texts_resolves():
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not re.match(r"[a-z]+://", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
