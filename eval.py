@@ -84,13 +84,27 @@ def data_files(args) -> dict[str, str]:
     return files
 
 
+def check_values(args) -> None:
+    """Settings that are wrong on their own, each in one line before anything loads."""
+    for name, ok, what in (("num_samples", args.num_samples >= 1, "a positive integer"),
+                           ("temperature", args.temperature >= 0, ">= 0 (0: greedy)"),
+                           ("top_p", 0 < args.top_p <= 1, "in (0, 1]"),
+                           ("limit", args.limit is None or args.limit >= 1, "a positive integer"),
+                           ("batch_size", args.batch_size is None or args.batch_size >= 1, "a positive integer"),
+                           ("slots", args.slots >= 0, ">= 0"),
+                           ("timeout_s", args.timeout_s > 0, "> 0 seconds")):
+        if not ok:
+            fail(f"--{name} must be {what}, got {getattr(args, name)}")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        fail(f"--output {args.output!r} is a file, not a folder")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     files = data_files(args)
+    check_values(args)
     pass_k = args.pass_k or [2 ** i for i in range(args.num_samples.bit_length()) if 2 ** i <= args.num_samples]
-    if args.slots < 0:
-        fail(f"--slots must be >= 0, got {args.slots}")
-    if args.num_samples < 1 or max(pass_k) > args.num_samples:
+    if max(pass_k) > args.num_samples:
         fail(f"--num_samples {args.num_samples} is smaller than the largest --pass_k {max(pass_k)}")
     if args.temperature == 0 and args.num_samples > 1:
         print("eval.py: temperature 0 is greedy: all samples of a question are the same", file=sys.stderr)

@@ -22,16 +22,6 @@ from ml_collections import config_flags
 from r3jax.train import config as run_config
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "arith.py")
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "a configs/*.py file with get_config()")
-_WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics, plots and the final model go "
-                               "(default: runs/<config name>); on several hosts, a folder they all share")
-# several hosts (one process each, the same command on all): r3jax.hosts.initialize
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "join the other hosts with jax.distributed, found by JAX's "
-                                 "cluster detection (TPU VMs, SLURM, Open MPI)")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (or JAX_COORDINATOR_ADDRESS)")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the run (or JAX_NUM_PROCESSES)")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index (or JAX_PROCESS_ID)")
-_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 100, "a process silent this long is dead: the others stop")
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -57,8 +47,27 @@ def check_command_line(argv: list[str]) -> None:
     try:
         base = runpy.run_path(path)["get_config"]()
         run_config.check_overrides(argv[1:], base)
+        run_config.check_override_values(argv[1:], base)
     except run_config.ConfigError as e:
         fail(str(e))
+
+
+if __name__ == "__main__":  # before the flags below: config_flags reads the overrides while defining its flag
+    check_command_line(sys.argv)
+
+try:  # config_flags applies the --config.* overrides here; one it cannot (a value of the wrong type) fails in one line
+    _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "a configs/*.py file with get_config()")
+except Exception as e:  # noqa: BLE001  (ml_collections raises several kinds)
+    fail("--config: " + " ".join(str(e).split()))
+_WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics, plots and the final model go "
+                               "(default: runs/<config name>); on several hosts, a folder they all share")
+# several hosts (one process each, the same command on all): r3jax.hosts.initialize
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "join the other hosts with jax.distributed, found by JAX's "
+                                 "cluster detection (TPU VMs, SLURM, Open MPI)")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (or JAX_COORDINATOR_ADDRESS)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the run (or JAX_NUM_PROCESSES)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index (or JAX_PROCESS_ID)")
+_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 100, "a process silent this long is dead: the others stop")
 
 
 def main(argv: list[str]) -> None:
@@ -82,6 +91,7 @@ def main(argv: list[str]) -> None:
              "scripts/launch_tpu_pod.py does) and give its path")
     workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(config_path(sys.argv)))[0])
     try:
+        setup.check_workdir(workdir)
         run = setup.prepare(config)
         code = loop.train(run, workdir)
     except setup.SetupError as e:
@@ -92,5 +102,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line(sys.argv)
     app.run(main)

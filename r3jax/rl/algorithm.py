@@ -98,6 +98,16 @@ class RLConfig:
         _check(self.bucket_min_width >= 0, "bucket_min_width", self.bucket_min_width, "non-negative")
         _check(0 <= self.overlong_buffer < self.max_response_tokens, "overlong_buffer", self.overlong_buffer,
                "in [0, max_response_tokens)")
+        _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "positive")
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "non-negative")
+        _check(self.total_steps is None or self.total_steps >= 1, "total_steps", self.total_steps, "at least 1 or None")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "non-negative")
+        _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "positive")
+        _check(self.adv_eps > 0, "adv_eps", self.adv_eps, "positive")
+        _check(self.max_length_reward >= 1, "max_length_reward", self.max_length_reward, "at least 1")
+        _check(self.chunk_size >= 1, "chunk_size", self.chunk_size, "at least 1")
+        _check(self.max_response_tokens >= 1, "max_response_tokens", self.max_response_tokens, "at least 1")
+        _check(self.valid_vocab is None or self.valid_vocab >= 1, "valid_vocab", self.valid_vocab, "at least 1 or None")
 
     @property
     def uses_replay(self) -> bool:

@@ -128,6 +128,34 @@ def check_overrides(argv: list[str], c: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"unknown config field {m.group(1)!r}{hint}")
 
 
+_OVERRIDE_VALUE = re.compile(r"^--config\.([A-Za-z0-9_.]+)=(.*)$", re.S)
+_BOOLS = ("true", "false", "t", "f", "1", "0", "yes", "no")
+
+
+def check_override_values(argv: list[str], c: ml_collections.ConfigDict) -> None:
+    """Every `--config.a.b=value` parses as its field's type (int, float, bool), named in one line."""
+    for arg in argv:
+        m = _OVERRIDE_VALUE.match(arg)
+        if not m or m.group(1) not in flat_keys(c):
+            continue
+        *parents, field = m.group(1).split(".")
+        section = get(c, ".".join(parents)) if parents else c
+        kind, text = section.get_type(field), m.group(2)
+        if kind is bool:
+            good = text.lower() in _BOOLS
+        elif kind in (int, float):
+            try:
+                kind(text)
+                good = text.lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")
+            except ValueError:
+                good = text in ("None",) and section[field] is None
+        else:
+            continue
+        if not good:
+            what = {int: "an integer", float: "a finite number", bool: "true or false"}[kind]
+            raise ConfigError(f"config field {m.group(1)} must be {what}, got {text!r}")
+
+
 def get(c: ml_collections.ConfigDict, dotted: str):
     for part in dotted.split("."):
         c = c[part]
@@ -156,8 +184,20 @@ def rl_config(c: ml_collections.ConfigDict, valid_vocab: int | None) -> algorith
         rl = algorithm.algorithm_config(c.algorithm, **overrides, temperature=c.temperature,
                                         max_response_tokens=c.max_new_tokens, valid_vocab=valid_vocab)
     except (TypeError, ValueError) as e:
-        raise ConfigError(str(e)) from e
+        raise ConfigError(_as_config_field(str(e))) from e
     return _micro_batches(c, rl)
+
+
+def _as_config_field(message: str) -> str:
+    """An RLConfig check's message with its field named as the run's config names it (`rl.x`, `rl.r3.x`, or the
+    top-level field it is derived from)."""
+    m = re.match(r"RL config field (\S+) (.*)", message, re.S)
+    if not m:
+        return message
+    field = m.group(1)
+    derived = DERIVED_RL_FIELDS.get(field)
+    name = derived if derived and not derived.startswith("(") else f"rl.{field}"
+    return f"config field {name} {m.group(2)}"
 
 
 def loss_rows(c: ml_collections.ConfigDict, rl: algorithm.RLConfig) -> tuple[int, str]:
@@ -218,6 +258,38 @@ def check_values(c: ml_collections.ConfigDict) -> None:
         raise ConfigError("config field data.train is not set (a problem file or a hub dataset id)")
     if c.data.limit is not None and c.data.limit < 1:
         raise ConfigError(f"config field data.limit must be >= 1 or None, got {c.data.limit}")
+    _check_ranges(c)
+    rl_config(c, valid_vocab=None)  # every rl.* field against RLConfig's own checks, before any file is read
+
+
+# (field, test, what it must be): the ranges of the fields no library check sees before a run starts
+RANGES = (
+    ("eval.num_samples", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
+    ("eval.temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
+    ("eval.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("eval.max_new_tokens", lambda v: v is None or v >= 1, "a positive integer or None (the run's)"),
+    ("eval.batch_size", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
+    ("data.eval_limit", lambda v: v is None or v >= 1, "a positive integer or None"),
+    ("grading.timeout_s", lambda v: v > 0, "> 0 seconds"),
+    ("grading.workers", lambda v: v is None or v >= 1, "a positive integer or None (one per core)"),
+    ("mesh.data", lambda v: v == -1 or v >= 1, "-1 (fill) or a positive integer"),
+    ("mesh.fsdp", lambda v: v == -1 or v >= 1, "-1 (fill) or a positive integer"),
+    ("mesh.tensor", lambda v: v == -1 or v >= 1, "-1 (fill) or a positive integer"),
+)
+
+
+def _check_ranges(c: ml_collections.ConfigDict) -> None:
+    for name, ok, what in RANGES:
+        try:
+            value = get(c, name)
+        except (KeyError, AttributeError):
+            continue  # a config without the section (an older file): the run's defaults apply
+        try:
+            good = not isinstance(value, bool) and ok(value)
+        except TypeError:  # None or a string where a number belongs
+            good = False
+        if not good:
+            raise ConfigError(f"config field {name} must be {what}, got {value!r}")
 
 
 def changed_shape_fields(saved: dict, c: ml_collections.ConfigDict) -> list[str]:

@@ -56,6 +56,34 @@ def _exists(path, field: str, kind: str = "file or folder") -> None:
         raise SetupError(f"{field}: {kind} {path!r} does not exist")
 
 
+def _model_folder(path: str) -> None:
+    """A model folder holds config.json and weights (*.safetensors, or a shard index): say which are missing
+    before the tokenizer is tried in it (an empty folder would otherwise read as a tokenizer problem)."""
+    if not os.path.isdir(path):
+        raise SetupError(f"model.path: {path!r} is a file, not a Hugging Face model folder")
+    names = os.listdir(path)
+    missing = [what for what, present in (("config.json", "config.json" in names),
+                                          ("*.safetensors weights", any(n.endswith(".safetensors") for n in names)))
+               if not present]
+    if missing:
+        raise SetupError(f"model.path: folder {path!r} has no {' and no '.join(missing)}"
+                         + (" (it is empty)" if not names else "") + "; give a Hugging Face model folder")
+
+
+def check_workdir(path: str) -> None:
+    """The run's folder is a folder this user can write into, or can be made where it is named (nothing is
+    created here); raises SetupError naming it."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SetupError(f"--workdir {path!r} is a file, not a folder")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise SetupError(f"--workdir {path!r}: {existing!r} is a file, so the folder cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SetupError(f"--workdir {path!r}: this user cannot write into {existing!r}")
+
+
 def _load_problems(path: str, field: str, limit: int | None):
     try:
         loaded = data_problems.load_problems(path, on_error="skip")
@@ -115,6 +143,7 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
     compiles.start_counting()
     if c.model.path is not None and not _HUB_ID.fullmatch(c.model.path):
         _exists(c.model.path, "model.path", "model folder")  # else a hub id, fetched when the hub is reachable
+        _model_folder(c.model.path)
     tokenizer_path = run_config.tokenizer_path(c)
     if tokenizer_path is None:
         raise SetupError("model.tokenizer: no tokenizer folder (set model.tokenizer, or model.init_tokenizer for a "
