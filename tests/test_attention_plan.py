@@ -61,6 +61,14 @@ def test_a_cpu_gets_the_xla_path_and_its_mechanisms():
     assert "train xla" in plan.describe() and plan.as_dict()["cpu"]["unroll_layers"] is True
 
 
+@pytest.mark.parametrize("platform, backend, shared", [("cpu", "auto", True), ("tpu", "auto", False),
+                                                       ("gpu", "auto", False), ("tpu", "xla", True)])
+def test_training_rows_share_prompts_only_beside_xla_attention(platform, backend, shared):
+    """The shared-prefix attention is XLA: beside splash or cuDNN, rows keep whole on the kernel."""
+    plan = attention_plan.plan(platform=platform, backend=backend)
+    assert plan.shared_prompts is shared and plan.shared_prompts == attention_plan.shares_prompts(plan.train)
+
+
 @pytest.mark.parametrize("backend, platform", [("splash", "cpu"), ("cudnn", "tpu"), ("flash", "gpu")])
 def test_a_backend_the_platform_cannot_run_is_refused_by_name(backend, platform):
     with pytest.raises(ValueError, match=backend):
