@@ -204,6 +204,42 @@ def test_resume_refuses_a_changed_shape_and_allows_a_new_learning_rate(env, refe
     assert [r["step"] for r in rows(tmp_path)] == list(range(1, 8))
 
 
+def cut_short(checkpoint: pathlib.Path) -> None:
+    """Every file of a checkpoint's arrays cut to half its length (a partial copy, a disk fault)."""
+    files = [f for f in (checkpoint / "state").rglob("*") if f.is_file() and f.stat().st_size > 1]
+    assert files
+    for f in files:
+        with open(f, "r+b") as handle:
+            handle.truncate(f.stat().st_size // 2)
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(env, reference, tmp_path):
+    """Checkpoints 4 and 6 kept; 6's array files cut short. The rerun says so, moves 6 aside, resumes from 4 and
+    ends bit for bit as the uninterrupted run, with the same rows (the first resumed row also counts the damaged
+    checkpoint). When no checkpoint reads, one line names the folder and how to start over."""
+    import shutil
+
+    shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
+    cut_short(tmp_path / "checkpoints" / "6")
+    done = train(env, tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "checkpoint step 6 cannot be read" in done.stdout and "resuming from step 4" in done.stdout
+    assert [p.name.split("-")[0] for p in (tmp_path / "damaged_checkpoints").iterdir()] == ["6"]
+    got = rows(tmp_path)
+    assert got[4].pop("resume/damaged_checkpoints") == 1
+    assert without_timings(got) == without_timings(rows(reference))
+    a, b = final_params(tmp_path), final_params(reference)
+    assert all(np.array_equal(a[name], b[name]) for name in b)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "6"]
+
+    for step in ("4", "6"):
+        cut_short(tmp_path / "checkpoints" / step)
+    refused = train(env, tmp_path)
+    assert refused.returncode == 2, refused.stderr + refused.stdout
+    assert f"no checkpoint in {tmp_path / 'checkpoints'} can be read" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_three_non_finite_updates_in_a_row_stop_the_run(env, tmp_path):
     done = train(env, tmp_path, "--config.rl.learning_rate=1e30", "--config.rl.max_grad_norm=1e30")
     assert done.returncode == 1, done.stderr + done.stdout

@@ -8,12 +8,16 @@ A checkpoint at step s holds everything the loop needs to continue exactly as if
   in a row, ...), and the run's config (checked against the resuming command's: shapes must match).
 
 Orbax writes into a temporary folder and renames it when complete, so a run killed mid-save leaves the
-previous checkpoint as the latest loadable one.
+previous checkpoint as the latest loadable one. A complete checkpoint damaged later (a partial copy from a
+bucket, a disk fault) is found when it is read: the loop then moves it aside (`set_aside`, into
+`<workdir>/damaged_checkpoints/`) and resumes from the newest one that reads.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -36,6 +40,23 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """The complete checkpoints' steps, newest first."""
+        return sorted(self._manager.all_steps(), reverse=True)
+
+    def set_aside(self, step: int) -> str:
+        """Moves checkpoint `step` (unreadable) out of the managed folder, beside it in `damaged_checkpoints/`, so
+        that the run can save that step again; nothing is deleted. Returns where it went. Call on one process."""
+        aside = os.path.join(os.path.dirname(self.directory), "damaged_checkpoints")
+        os.makedirs(aside, exist_ok=True)
+        target = os.path.join(aside, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.move(os.path.join(self.directory, str(step)), target)
+        return target
+
+    def reload(self) -> None:
+        """Re-reads which checkpoints the folder holds (after `set_aside`)."""
+        self._manager.reload()
 
     def read_loop(self, step: int) -> dict:
         """The JSON part of a checkpoint alone (config and counters), without reading any array."""

@@ -73,21 +73,52 @@ def _checkpoint_payload(run: Run, it: data_iterator.QuestionIterator, loop: Loop
     return {"iterator": it.state.to_dict(), "loop": dataclasses.asdict(loop), "config": run.config.to_dict()}
 
 
-def _restore(run: Run, ckpt: checkpoint.Checkpointer, it, loop: LoopState) -> int:
-    """Loads the latest checkpoint into run.state / it / loop; returns its step (0 when there is none)."""
-    step = ckpt.latest_step()
-    if step is None:
-        return 0
-    saved = ckpt.read_loop(step)
-    changed = run_config.changed_shape_fields(saved["config"], run.config)
-    if changed:
-        raise SetupError(f"cannot resume from {ckpt.directory} (step {step}): the config changed fields that fix "
-                         f"the checkpoint's shapes: {'; '.join(changed)}. Use another --workdir, or the old values")
-    run.state, payload = ckpt.restore(step, run.state)
-    it.restore(data_iterator.IteratorState.from_dict(payload["iterator"]))
-    for k, v in payload["loop"].items():
-        setattr(loop, k, v)
-    return step
+def _restore(run: Run, ckpt: checkpoint.Checkpointer, it, loop: LoopState) -> tuple[int, list[str]]:
+    """Loads the newest checkpoint that reads into run.state / it / loop; returns its step (0 when there is none)
+    and a line for each newer one that could not be read (each moved aside: `Checkpointer.set_aside`). A config
+    that changed the checkpoint's shapes is refused at once; no intact checkpoint at all is refused too."""
+    damaged = []
+    for step in ckpt.all_steps():
+        try:
+            saved = ckpt.read_loop(step)
+        except Exception as e:  # noqa: BLE001  (Orbax, tensorstore and JSON each raise their own)
+            damaged.append((step, e))
+            continue
+        changed = run_config.changed_shape_fields(saved["config"], run.config)
+        if changed:
+            raise SetupError(f"cannot resume from {ckpt.directory} (step {step}): the config changed fields that "
+                             f"fix the checkpoint's shapes: {'; '.join(changed)}. Use another --workdir, or the old "
+                             "values")
+        try:
+            run.state, payload = ckpt.restore(step, run.state)
+        except Exception as e:  # noqa: BLE001
+            damaged.append((step, e))
+            continue
+        it.restore(data_iterator.IteratorState.from_dict(payload["iterator"]))
+        for k, v in payload["loop"].items():
+            setattr(loop, k, v)
+        return step, _set_aside(ckpt, damaged)
+    if damaged:
+        raise SetupError(f"no checkpoint in {ckpt.directory} can be read ({_reasons(damaged)}); to start over, "
+                         "use another --workdir or move that folder away")
+    return 0, []
+
+
+def _reasons(damaged: list) -> str:
+    return "; ".join(f"step {step}: {type(e).__name__}: {' '.join(str(e).split())[:200]}" for step, e in damaged)
+
+
+def _set_aside(ckpt: checkpoint.Checkpointer, damaged: list) -> list[str]:
+    """Moves the unreadable checkpoints newer than the one restored out of the way (process 0; the others wait),
+    so that their steps can be saved again. Returns one line for each."""
+    lines = []
+    for step, e in damaged:
+        where = ckpt.set_aside(step) if hosts.is_main() else "damaged_checkpoints/"
+        lines.append(f"checkpoint step {step} cannot be read ({_reasons([(step, e)])}); moved to {where}")
+    if damaged:
+        hosts.barrier("damaged checkpoints set aside")
+        ckpt.reload()
+    return lines
 
 
 def _evaluate(run: Run, grader, folder: pathlib.Path, step: int) -> dict:
@@ -135,8 +166,10 @@ def train(run: Run, workdir: str) -> int:
     it = data_iterator.QuestionIterator(len(run.bank.problems), run.questions_per_step, seed=c.seed)
     loop = LoopState()
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=c.keep_checkpoints)
-    start = _restore(run, ckpt, it, loop)
+    start, damaged = _restore(run, ckpt, it, loop)
     main = hosts.is_main()
+    for line in damaged if main else []:
+        print(f"{line}; resuming from step {start}", flush=True)
     plan = attention_plan.plan(mesh=run.mesh, backend=c.model.attention)
     if main:
         # the config as run, and which attention paths it runs (`attention_plan`)
@@ -186,6 +219,7 @@ def train(run: Run, workdir: str) -> int:
                 "layout/prompt_width": layout.prompt_width or got.batch.prompt_tokens.shape[1],
                 "layout/groups": layout.groups or got.batch.tokens.shape[0],
                 "layout/narrow_groups": layout.narrow_groups, "layout/replay_apart": float(layout.replay_apart),
+                **({"resume/damaged_checkpoints": len(damaged)} if damaged and step == start + 1 else {}),
                 "time/sample_s": got.sample_s, "time/grade_s": got.grade_s, "time/train_s": t2 - t1,
                 "time/eval_s": t3 - t2, "time/other_s": (time.perf_counter() - t0) - (t3 - t1) - got.sample_s
                 - got.grade_s, "tokens_per_s": got.generated_tokens / (time.perf_counter() - t0)})
