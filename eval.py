@@ -50,6 +50,8 @@ def parse_args(argv):
     p.add_argument("--top_p", type=float, default=0.95)
     p.add_argument("--output", required=True)
     p.add_argument("--limit", type=int, default=None, help="first K questions of each benchmark")
+    p.add_argument("--on_error", choices=("raise", "skip"), default="raise", help="a malformed row of a benchmark "
+                   "file: stop, naming the file and line (raise), or leave it out, counted in results.json (skip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pass_k", type=ints, default=None, help="default: 1, 2, 4, ... up to num_samples")
     p.add_argument("--batch_size", type=int, default=None, help="questions per sampler call (default by platform)")
@@ -131,7 +133,8 @@ def main(argv=None) -> int:
     mesh = sharding.make_mesh(data=1, fsdp=-1, tensor=1)
     try:
         loaded = workdir.load_policy(args.model, mesh=mesh)  # a Hugging Face folder or a train.py workdir
-        benches = [benchmark.load_benchmark(n, f, loaded.tokenizer, limit=args.limit) for n, f in files.items()]
+        benches = [benchmark.load_benchmark(n, f, loaded.tokenizer, limit=args.limit, on_error=args.on_error)
+                   for n, f in files.items()]
     except (policy.PolicyError, data_problems.DataError, OSError) as e:
         fail(str(e))
     devices = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -142,7 +145,12 @@ def main(argv=None) -> int:
                                       seed=args.seed, slots=args.slots)
     recorded = {"data": files, "num_samples": args.num_samples, "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "limit": args.limit,
-                "batch_size": batch_size, "pass_k": pass_k, "model": loaded.identity}
+                "batch_size": batch_size, "pass_k": pass_k, "model": loaded.identity,
+                **({"skipped_rows": {b.name: len(b.skipped) for b in benches if b.skipped}}
+                   if any(b.skipped for b in benches) else {})}
+    for b in benches if main_process else ():
+        if b.skipped:
+            print(f"eval.py: {benchmark.skipped_note(b.name, files[b.name], b.skipped)}", file=sys.stderr, flush=True)
     try:
         report.check_settings(output, recorded, write=main_process)
     except report.ReportError as e:

@@ -32,6 +32,7 @@ TRAIN_CASES = [  # (id, arguments, what the line must say)
     ("mesh_axis", ["--config.mesh.tensor=0"], "config field mesh.tensor must be -1 (fill) or a positive integer"),
     ("micro_batches", ["--config.rl.num_micro_batches=0"], "config field rl.num_micro_batches must be at least 1"),
     ("no_config_file", ["--config", "/no/such/config.py"], "--config: no config file '/no/such/config.py'"),
+    ("data_on_error", ["--config.data.on_error=ignore"], "config field data.on_error must be 'raise' or 'skip'"),
 ]
 
 
@@ -104,3 +105,40 @@ def test_eval_py_refuses_an_output_that_is_a_file(tmp_path):
                            str(REPO / "configs" / "arith" / "heldout_easy.jsonl"), "--output", str(tmp_path / "taken")],
                tmp_path)
     assert_one_line_error(done, "eval.py", "is a file, not a folder")
+
+
+def with_bad_line(source: pathlib.Path, target: pathlib.Path, line: int) -> pathlib.Path:
+    """`source`'s lines with a malformed one (a row without an answer) put at 1-based `line`."""
+    lines = source.read_text().splitlines()
+    lines.insert(line - 1, '{"problem": "What is 2+2?"}')
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def test_a_malformed_training_row_stops_the_run_naming_file_and_line(tmp_path):
+    bad = with_bad_line(REPO / "configs" / "tiny" / "train.jsonl", tmp_path / "train.jsonl", 3)
+    done = run("train.py", [*TINY, "--workdir", str(tmp_path / "run"), f"--config.data.train={bad}"], tmp_path)
+    assert_one_line_error(done, "train.py", f"data.train: {bad}: line 3: no answer")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_malformed_benchmark_row_stops_eval_naming_file_and_line(tmp_path):
+    bad = with_bad_line(REPO / "configs" / "arith" / "heldout_easy.jsonl", tmp_path / "easy.jsonl", 5)
+    done = run("eval.py", ["--model", str(REPO / "configs" / "arith" / "base"), "--data", str(bad), "--output",
+                           str(tmp_path / "out")], tmp_path)
+    assert_one_line_error(done, "eval.py", f"{bad}: line 5: no answer")
+
+
+def test_eval_skips_malformed_rows_on_request_and_says_so(tmp_path):
+    """--on_error skip: the row is left out, said on stderr and under the table, and counted in results.json."""
+    import json
+
+    bad = with_bad_line(REPO / "configs" / "arith" / "heldout_easy.jsonl", tmp_path / "easy.jsonl", 2)
+    done = run("eval.py", ["--model", str(REPO / "configs" / "arith" / "base"), "--data", str(bad), "--output",
+                           str(tmp_path / "out"), "--on_error", "skip", "--limit", "2", "--num_samples", "1",
+                           "--max_new_tokens", "8", "--compilation_cache", ""], tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert f"easy: skipped 1 malformed row of {bad} (line 2: no answer" in done.stderr
+    assert "Malformed rows left out (--on_error skip): easy 1" in done.stdout
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["skipped_rows"] == {"easy": 1} and results["benchmarks"]["easy"]["num_questions"] == 2

@@ -156,7 +156,10 @@ def test_bad_input_exits_2_and_overwrites_nothing(env, model_dir, uninterrupted,
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"problem": "", "answer": ""}\n')
     cases = [
-        (["--model", str(model_dir), "--data", str(empty), "--output", str(tmp_path / "d")], "no problems"),
+        (["--model", str(model_dir), "--data", str(empty), "--output", str(tmp_path / "d")],
+         f"{empty}: line 1: problem text is empty"),
+        (["--model", str(model_dir), "--data", str(empty), "--output", str(tmp_path / "e"), "--on_error", "skip"],
+         "no problems"),
         (["--model", str(model_dir), "--data", "/no/such.jsonl", "--output", str(tmp_path / "a")], "no file"),
         (["--model", str(tmp_path), "--data", str(TINY / "eval.jsonl"), "--output", str(tmp_path / "b")],
          "neither a Hugging Face folder"),

@@ -108,7 +108,7 @@ MALFORMED = {  # id: (row, what the error says)
 @pytest.mark.parametrize("row, reason", MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_row_error_names_file_and_row(tmp_path, row, reason):
     path = write(tmp_path / "bad_rows.jsonl", [{"problem": "fine", "answer": "1"}, row])
-    with pytest.raises(rp.DataError, match=rf"bad_rows\.jsonl: row 1: {reason}"):
+    with pytest.raises(rp.DataError, match=rf"bad_rows\.jsonl: line 2: {reason}"):
         rp.load_problems(path)
 
 
@@ -129,15 +129,16 @@ def test_skip_mode_reports_each_skipped_row(tmp_path):
 def test_file_with_no_problems_is_an_error(tmp_path):
     with pytest.raises(rp.DataError, match=r"empty\.jsonl: no problems"):
         rp.load_problems(write(tmp_path / "empty.jsonl", []))
-    with pytest.raises(rp.DataError, match=r"all_bad\.jsonl: no problems .* row 0: no answer"):
+    with pytest.raises(rp.DataError, match=r"all_bad\.jsonl: no problems .* line 1: no answer"):
         rp.load_problems(write(tmp_path / "all_bad.jsonl", [{"problem": "Q"}]), on_error="skip")
 
 
 BROKEN_FILES = {  # id: (file name, bytes, what the error says)
     "json_array": ("broken.json", b'[{"problem": "A", "answer": "1"},', r"broken\.json: not valid JSON"),
     "jsonl_line": ("broken.jsonl", b'{"problem": "A", "answer": "1"}\n\n{"problem": "B",\n',
-                   r"broken\.jsonl: row 1: line 3: not valid JSON"),
-    "json_lines_in_json": ("broken.json", b'{"problem": "A", "answer": "1"}\n{oops}\n', r"broken\.json: row 1: line 2"),
+                   r"broken\.jsonl: line 3: not valid JSON"),
+    "json_lines_in_json": ("broken.json", b'{"problem": "A", "answer": "1"}\n{oops}\n',
+                           r"broken\.json: line 2: not valid JSON"),
     "not_utf8": ("latin.jsonl", '{"problem": "caf\xe9", "answer": "1"}'.encode("latin-1"),
                  r"latin\.jsonl: not UTF-8"),
     "parquet": ("broken.parquet", b"PAR1 this is not parquet", r"broken\.parquet: not a readable parquet file"),
@@ -354,4 +355,4 @@ def test_skip_mode_skips_lines_that_are_not_json_and_a_bom_is_not_data(tmp_path)
     path.write_bytes('\ufeff{"problem": "A", "answer": "1"}\n{not json\n{"problem": "B", "answer": "2"}\n'.encode())
     loaded = rp.load_problems(path, on_error="skip")
     assert [p.problem for p in loaded] == ["A", "B"]
-    assert [(i.row, i.reason.split(":")[0]) for i in loaded.report.skipped] == [(1, "line 2")]
+    assert [(i.row, i.line, i.reason.split(" (")[0]) for i in loaded.report.skipped] == [(1, 2, "not valid JSON")]

@@ -270,7 +270,7 @@ def test_a_dataset_without_usable_rows_is_refused(env, tmp_path):
     bad.write_text('{"question_without_fields": 1}\n{"problem": "", "answer": ""}\n')
     done = train(env, tmp_path / "run", f"--config.data.train={bad}", timeout=120)
     assert done.returncode == 2, done.stderr + done.stdout
-    assert "data.train" in done.stderr and "no problems" in done.stderr and "row 0" in done.stderr
+    assert "data.train" in done.stderr and "line 1" in done.stderr
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "dapo"])

@@ -40,12 +40,17 @@ class DataError(ValueError):
 
 
 class RowIssue(NamedTuple):
-    """One row that was skipped or merged, and why. From a file: the file and its 0-based row. From
-    `merge`: the problem's source and its position in its set."""
+    """One row that was skipped or merged, and why. From a file: the file, its 0-based row and, in a JSON-lines
+    file, its 1-based line (as editors count). From `merge`: the problem's source and its position in its set."""
 
     file: str
     row: int
     reason: str
+    line: int | None = None
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line}" if self.line is not None else f"row {self.row}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,20 +240,23 @@ def _merge_into(problems: dict[str, Problem], first_at: dict[str, int], p: Probl
 def _build(rows: Iterable[Any], file: str, source: str, on_error: str, limit: int | None) -> ProblemSet:
     """Rows -> ProblemSet: malformed rows raise or are skipped, duplicates are merged, all of it reported."""
     problems, first_at, skipped, duplicates, count = {}, {}, [], [], 0
+    lines = getattr(rows, "line_numbers", None)  # a JSON-lines file's: row i is on line lines[i]
     for i, row in enumerate(rows):
         if limit is not None and len(problems) >= limit:
             break
         count += 1
+        line = None if lines is None else lines[i]
         try:
             p = row_to_problem(row, source)
         except _RowError as e:
+            issue = RowIssue(file, i, str(e), line)
             if on_error == "raise":
-                raise DataError(f"{file}: row {i}: {e}") from None
-            skipped.append(RowIssue(file, i, str(e)))
+                raise DataError(f"{file}: {issue.where}: {e}") from None
+            skipped.append(issue)
             continue
         reason = _merge_into(problems, first_at, p, i)
         if reason is not None:
-            duplicates.append(RowIssue(file, i, reason))
+            duplicates.append(RowIssue(file, i, reason, line))
     report = LoadReport(count, len(problems), tuple(skipped), tuple(duplicates))
     return ProblemSet(tuple(problems.values()), report)
 
@@ -278,15 +286,23 @@ class _BadLine(NamedTuple):
     reason: str
 
 
+class _JsonLines(list):
+    """A JSON-lines file's rows, with the 1-based line each came from (`line_numbers`)."""
+
+    line_numbers: list[int]
+
+
 def _json_lines(text: str, file: str) -> list[Any]:
     """One JSON value per non-blank line; a line that does not parse becomes a `_BadLine` row."""
-    rows = []
+    rows = _JsonLines()
+    rows.line_numbers = []
     for n, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                rows.append(_BadLine(f"line {n}: not valid JSON ({e.msg}, column {e.colno})"))
+                rows.append(_BadLine(f"not valid JSON ({e.msg}, column {e.colno})"))
+            rows.line_numbers.append(n)
     return rows
 
 
@@ -364,8 +380,8 @@ def load_problems(path_or_id: str | os.PathLike, *, source: str | None = None, s
       path_or_id: a local file, or (when no such path exists) a hub id, loaded with `datasets`.
       source: the `Problem.source` tag; defaults to the file stem or the hub id.
       split: the hub split; ignored for local files.
-      on_error: "raise" (a malformed row raises DataError naming the file and 0-based row) or "skip" (it
-        is left out and listed in `report.skipped`).
+      on_error: "raise" (a malformed row raises DataError naming the file and its line in a JSON-lines file, else
+        its 0-based row) or "skip" (it is left out and listed in `report.skipped`).
       limit: stop after this many distinct problems (the first ones in file order).
 
     Duplicate questions (same uid) are merged into the first: answers united, listed in `report.duplicates`.
@@ -378,7 +394,7 @@ def load_problems(path_or_id: str | os.PathLike, *, source: str | None = None, s
     name = os.fspath(path_or_id)
     problem_set = _build(rows, name, source or default_source, on_error, limit)
     if not problem_set:
-        detail = f"; first skipped: row {problem_set.report.skipped[0].row}: " \
+        detail = f"; first skipped: {problem_set.report.skipped[0].where}: " \
                  f"{problem_set.report.skipped[0].reason}" if problem_set.report.skipped else ""
         raise DataError(f"{name}: no problems ({problem_set.report.summary()}){detail}")
     return problem_set

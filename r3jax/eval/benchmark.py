@@ -29,6 +29,7 @@ class Benchmark:
     name: str
     problems: tuple                      # Problem records, in file order (limit applied)
     prompt_ids: tuple[tuple[int, ...]]   # each question's rendered prompt ids
+    skipped: tuple = ()                  # malformed rows left out (`on_error="skip"`): `problems.RowIssue`s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +63,12 @@ class Sample:
     reason: str
 
 
-def load_benchmark(name: str, path: str, tokenizer, *, limit: int | None = None) -> Benchmark:
-    """A problem file's first `limit` usable questions, tokenized once. Raises DataError when none is usable or a
-    prompt is longer than the largest bucket."""
-    chosen = list(data_problems.load_problems(path, on_error="skip"))[:limit]
+def load_benchmark(name: str, path: str, tokenizer, *, limit: int | None = None, on_error: str = "raise") -> Benchmark:
+    """A problem file's first `limit` questions, tokenized once. A malformed row raises DataError naming the file
+    and line, or with on_error="skip" is left out and listed in `Benchmark.skipped`. Raises DataError when none is
+    usable or a prompt is longer than the largest bucket."""
+    loaded = data_problems.load_problems(path, on_error=on_error)
+    chosen = list(loaded)[:limit]
     if not chosen:
         raise data_problems.DataError(f"evaluation set {name!r} ({path}) has no usable problems")
     ids = [prompts.encode(tokenizer, prompts.render(tokenizer, prompts.question_text(p.problem))) for p in chosen]
@@ -73,7 +76,15 @@ def load_benchmark(name: str, path: str, tokenizer, *, limit: int | None = None)
     if len(ids[longest]) > max(prompts.DEFAULT_BUCKETS):
         raise data_problems.DataError(f"evaluation set {name!r}: question {chosen[longest].uid} has a "
                                       f"{len(ids[longest])}-token prompt, over {max(prompts.DEFAULT_BUCKETS)}")
-    return Benchmark(name=name, problems=tuple(chosen), prompt_ids=tuple(tuple(i) for i in ids))
+    return Benchmark(name=name, problems=tuple(chosen), prompt_ids=tuple(tuple(i) for i in ids),
+                     skipped=loaded.report.skipped)
+
+
+def skipped_note(what: str, path: str, skipped) -> str:
+    """One line saying which malformed rows of a file were left out (the first few, where and why)."""
+    first = "; ".join(f"{issue.where}: {issue.reason}" for issue in skipped[:3])
+    return f"{what}: skipped {len(skipped)} malformed row{'s' * (len(skipped) != 1)} of {path} ({first}" + \
+        (", ..." if len(skipped) > 3 else "") + ")"
 
 
 def plan(bench: Benchmark, batch_size: int) -> list[Batch]:

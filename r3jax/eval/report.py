@@ -105,7 +105,8 @@ def results_from_samples(rows: list[dict], settings: dict, model: dict) -> dict:
         by_budget[str(budget)] = {"benchmarks": per, "average": average}
     largest = by_budget[str(max(settings["max_new_tokens"]))]
     return {"benchmarks": largest["benchmarks"], "average": largest["average"], "by_budget": by_budget,
-            "settings": settings, "model": model}
+            "settings": settings, "model": model,
+            **({"skipped_rows": settings["skipped_rows"]} if settings.get("skipped_rows") else {})}
 
 
 def print_table(results: dict, console) -> None:
@@ -113,7 +114,8 @@ def print_table(results: dict, console) -> None:
 
     ks = results["settings"]["pass_k"]
     shown = [k for k in ks if k != 1][-1:]  # pass@1 and the largest k, as the paper's tables
-    table = Table(title=f"{results['model']['path']} (step {results['model']['step']})")
+    step = results["model"].get("step")
+    table = Table(title=results["model"]["path"] + ("" if step is None else f" (step {step})"))
     for col in ["benchmark", "pass@1", *[f"pass@{k}" for k in shown], "tokens", "truncated", "questions"]:
         table.add_column(col, justify="left" if col == "benchmark" else "right")
     rows = [*results["benchmarks"].items(), ("average", {**results["average"], "num_questions": None})]
@@ -122,6 +124,10 @@ def print_table(results: dict, console) -> None:
                       f"{r['mean_response_tokens']:,.0f}", f"{100 * r['truncation_rate']:.1f}%",
                       "" if r.get("num_questions") is None else str(r["num_questions"]))
     console.print(table)
+    skipped = results["settings"].get("skipped_rows")
+    if skipped:  # the table counts fewer questions than the files hold: say so under it
+        console.print("Malformed rows left out (--on_error skip): " + ", ".join(f"{n} {k}" for n, k in skipped.items()),
+                      highlight=False)
 
 
 def plot_pass_at_k(results: dict, path: pathlib.Path) -> None:

@@ -76,6 +76,7 @@ def base_config() -> ml_collections.ConfigDict:
         attention="auto"))
     c.data = ml_collections.ConfigDict(dict(
         train=config_dict.placeholder(str), split="train", limit=config_dict.placeholder(int),
+        on_error="raise",  # a malformed row stops the run (file, line, reason); "skip": left out, counted
         eval=ml_collections.ConfigDict(), eval_limit=config_dict.placeholder(int)))
     c.prompts_per_step = 8
     c.samples_per_prompt = 4
@@ -258,6 +259,8 @@ def check_values(c: ml_collections.ConfigDict) -> None:
         raise ConfigError("config field data.train is not set (a problem file or a hub dataset id)")
     if c.data.limit is not None and c.data.limit < 1:
         raise ConfigError(f"config field data.limit must be >= 1 or None, got {c.data.limit}")
+    if c.data.get("on_error", "raise") not in ("raise", "skip"):
+        raise ConfigError(f"config field data.on_error must be 'raise' or 'skip', got {c.data.on_error!r}")
     _check_ranges(c)
     rl_config(c, valid_vocab=None)  # every rl.* field against RLConfig's own checks, before any file is read
 

@@ -253,7 +253,7 @@ def train(run: Run, workdir: str) -> int:
             plots.draw(book.rows(), workdir / "plots")
             print(f"Done: {c.steps} steps.", flush=True)
             summary.print_summary(bar.console, book.rows(), workdir, final=workdir / "final",
-                                  order=list(c.data.eval))
+                                  order=list(c.data.eval), skipped_rows=run.skipped_rows)
         return 0
     finally:
         bar.close()

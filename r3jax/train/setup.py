@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from r3jax import compiles
+from r3jax import compiles, hosts
 from r3jax import model as rm
 from r3jax.data import problems as data_problems
 from r3jax.data import prompts
@@ -49,6 +49,7 @@ class Run:
     benchmarks: list
     eval_settings: benchmark.EvalSettings
     questions_per_step: int      # P, or P * oversample with DAPO's dynamic sampling
+    skipped_rows: dict = dataclasses.field(default_factory=dict)  # field -> malformed rows left out (data.on_error)
 
 
 def _exists(path, field: str, kind: str = "file or folder") -> None:
@@ -84,15 +85,17 @@ def check_workdir(path: str) -> None:
         raise SetupError(f"--workdir {path!r}: this user cannot write into {existing!r}")
 
 
-def _load_problems(path: str, field: str, limit: int | None):
+def _load_problems(path: str, field: str, limit: int | None, on_error: str):
+    """The file's first `limit` problems and its malformed rows left out (only with data.on_error="skip": each
+    stops the run otherwise, named by file and line)."""
     try:
-        loaded = data_problems.load_problems(path, on_error="skip")
+        loaded = data_problems.load_problems(path, on_error=on_error)
     except (data_problems.DataError, OSError, ValueError) as e:
         raise SetupError(f"{field}: {e}") from e
     chosen = list(loaded)[:limit]
     if not chosen:
         raise SetupError(f"{field}: {path} has no usable problems ({loaded.report.summary()})")
-    return chosen
+    return chosen, loaded.report.skipped
 
 
 def _mesh(c) -> jax.sharding.Mesh:
@@ -161,7 +164,8 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         rl = run_config.rl_config(c, valid_vocab=len(tokenizer))
     except run_config.ConfigError as e:
         raise SetupError(str(e)) from e
-    train = _load_problems(c.data.train, "data.train", c.data.limit)
+    train, skipped = _load_problems(c.data.train, "data.train", c.data.limit, c.data.on_error)
+    skipped_rows = {"data.train": skipped} if skipped else {}
     questions = int(np.ceil(c.prompts_per_step * rl.oversample)) if rl.dynamic_sampling else c.prompts_per_step
     if questions > len(train):
         raise SetupError(f"prompts_per_step: {questions} questions per step but data.train has {len(train)} usable "
@@ -195,6 +199,9 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
     settings = dataclasses.replace(settings, plain_alone=plain_alone, reflection_alone=plain_alone and slots > 0
                                    and reflection_rows % sharding.batch_devices(mesh) == 0)
     benchmarks = [_load_benchmark(name, path, tokenizer, c) for name, path in c.data.eval.items()]
+    skipped_rows.update({f"data.eval.{b.name}": b.skipped for b in benchmarks if b.skipped})
+    for field, issues in skipped_rows.items() if hosts.is_main() else ():
+        print(benchmark.skipped_note(field, run_config.get(c, field), issues), flush=True)
     graphdef, params = rm.split_params(_load_model(c, model_cfg, mesh))
     tx = train_step.optimizer(rl)
     state = train_step.init_train_state(params, rl, tx, num_questions=len(train), seed=c.seed, mesh=mesh)
@@ -204,7 +211,7 @@ def prepare(c: ml_collections.ConfigDict) -> Run:
         batch_size=c.eval.batch_size, seed=c.eval.seed, slots=c.eval.slots)
     return Run(config=c, rl=rl, mesh=mesh, tokenizer=tokenizer, model_config=model_cfg, graphdef=graphdef,
                state=state, tx=tx, bank=bank, settings=settings, benchmarks=benchmarks, eval_settings=eval_settings,
-               questions_per_step=questions)
+               questions_per_step=questions, skipped_rows={k: len(v) for k, v in skipped_rows.items()})
 
 
 def _rollout_settings(c, rl: RLConfig, tokenizer, bank) -> rollouts.RolloutSettings:
@@ -223,7 +230,7 @@ def _rollout_settings(c, rl: RLConfig, tokenizer, bank) -> rollouts.RolloutSetti
 
 def _load_benchmark(name, path, tokenizer, c):
     try:
-        return benchmark.load_benchmark(name, path, tokenizer, limit=c.data.eval_limit)
+        return benchmark.load_benchmark(name, path, tokenizer, limit=c.data.eval_limit, on_error=c.data.on_error)
     except (data_problems.DataError, OSError, ValueError) as e:
         raise SetupError(f"data.eval.{name}: {e}") from e
 

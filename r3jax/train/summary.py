@@ -36,8 +36,10 @@ def _pct(x) -> str:
 
 
 def print_summary(console, rows: list[dict], workdir: pathlib.Path, *, final: pathlib.Path,
-                  order: list[str] | None = None) -> dict | None:
-    """Prints the before -> after table and the output locations; writes `summary.json`; returns the numbers."""
+                  order: list[str] | None = None, skipped_rows: dict | None = None) -> dict | None:
+    """Prints the before -> after table and the output locations; writes `summary.json`; returns the numbers.
+    skipped_rows: data field -> malformed rows left out of its file (data.on_error="skip"), said under the table
+    and kept in summary.json."""
     from rich.table import Table
 
     result = before_after(rows, order)
@@ -53,6 +55,11 @@ def print_summary(console, rows: list[dict], workdir: pathlib.Path, *, final: pa
             table.add_row("overall" if name == "avg" else name, _pct(acc0), _pct(acc1), change, _pct(none0),
                           _pct(none1), "-" if tokens is None else f"{tokens:.0f}")
         console.print(table)
+    if skipped_rows:
+        result = {**(result or {}), "skipped_rows": dict(skipped_rows)}
+        console.print("Malformed rows left out (data.on_error=skip): "
+                      + ", ".join(f"{field} {n}" for field, n in skipped_rows.items()), highlight=False)
+    if result is not None:
         (workdir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     for label, path in (("Final model (Hugging Face folder)", final), ("Metrics", workdir / "metrics.jsonl"),
                         ("TensorBoard", f"tensorboard --logdir {workdir / 'tb'}"),
