@@ -29,8 +29,15 @@ def env(tmp_path_factory):
 
 
 def train(env, workdir, *overrides, timeout=900):
-    return subprocess.run([*TRAIN, "--workdir", str(workdir), *overrides], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    """train.py on configs/tiny.py (8 fake CPU devices: conftest's XLA_FLAGS, whose groups of 4 rows span two
+    devices). A watchdog: a run that has not exited after `timeout` s fails naming the last step it logged."""
+    try:
+        return subprocess.run([*TRAIN, "--workdir", str(workdir), *overrides], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        logged = [r["step"] for r in rows(workdir)]
+        pytest.fail(f"train.py {' '.join(overrides)} hung: no exit after {timeout} s, last step logged: "
+                    f"{logged[-1] if logged else 'none'} (a collective waiting on another program's devices?)")
 
 
 def start(env, workdir, *overrides):
@@ -273,13 +280,22 @@ def test_a_dataset_without_usable_rows_is_refused(env, tmp_path):
     assert "data.train" in done.stderr and "line 1" in done.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo"])
-def test_the_baselines_run_through_the_same_loop(env, tmp_path, algorithm):
-    done = train(env, tmp_path, f"--config.algorithm={algorithm}", "--config.steps=2")
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "r3"])
+def test_every_algorithm_runs_two_steps_on_8_devices_with_groups_spanning_devices(env, tmp_path, algorithm):
+    """P = 4 groups of G = 4 rows on 8 devices: every group spans two. R³ with ISR from the first epoch and
+    every question counted hard on 4 questions (an epoch a step), so step 2 samples and trains reflection groups
+    (from step 1's wrong answers) beside the plain ones. The watchdog in `train` turns a hang into a failure
+    naming the step."""
+    isr = ["--config.rl.r3.reflection_start_epoch=1", "--config.rl.r3.tau=1.0", "--config.data.limit=4"] \
+        if algorithm == "r3" else []
+    done = train(env, tmp_path, f"--config.algorithm={algorithm}", "--config.steps=2", *isr, timeout=420)
     assert done.returncode == 0, done.stderr + done.stdout
     table = rows(tmp_path)
     assert [r["step"] for r in table] == [1, 2]
-    assert all(r["r3/isr_prompts"] == 0 and r["r3/ccr_appended"] == 0 for r in table)
+    if algorithm == "r3":
+        assert table[1]["r3/isr_prompts"] > 0
+    else:
+        assert all(r["r3/isr_prompts"] == 0 and r["r3/ccr_appended"] == 0 for r in table)
     assert (tmp_path / "final" / "model.safetensors").exists()
 
 
