@@ -135,9 +135,10 @@ _BOOLS = ("true", "false", "t", "f", "1", "0", "yes", "no")
 
 def check_override_values(argv: list[str], c: ml_collections.ConfigDict) -> None:
     """Every `--config.a.b=value` parses as its field's type (int, float, bool), named in one line."""
+    known = flat_keys(c)
     for arg in argv:
         m = _OVERRIDE_VALUE.match(arg)
-        if not m or m.group(1) not in flat_keys(c):
+        if not m or m.group(1) not in known:
             continue
         *parents, field = m.group(1).split(".")
         section = get(c, ".".join(parents)) if parents else c
@@ -233,66 +234,52 @@ def tokenizer_path(c: ml_collections.ConfigDict) -> str | None:
 
 
 def check_values(c: ml_collections.ConfigDict) -> None:
-    """Settings that are wrong on their own (before any file is read)."""
-    positive = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "steps", "keep_checkpoints",
-                "model.query_block")
-    for name in positive:
-        if not isinstance(get(c, name), int) or get(c, name) < 1:
-            raise ConfigError(f"config field {name} must be a positive integer, got {get(c, name)!r}")
-    for name in ("checkpoint_every", "eval_every", "sampling_chunk", "sampling_slots", "eval.slots",
-                 "micro_batch_rows"):
-        if get(c, name) < 0:
-            raise ConfigError(f"config field {name} must be >= 0, got {get(c, name)!r}")
-    if not c.temperature > 0:
-        raise ConfigError(f"config field temperature must be > 0 for RL (log-probs of softmax(logits / T)), "
-                          f"got {c.temperature}")
-    if not 0 < c.top_p <= 1:
-        raise ConfigError(f"config field top_p must be in (0, 1], got {c.top_p}")
-    if c.model.remat not in REMAT_POLICIES:
-        raise ConfigError(f"config field model.remat must be one of {sorted(REMAT_POLICIES)}, got {c.model.remat!r}")
-    if c.model.attention not in ("auto", *attention_plan.BACKENDS):
-        raise ConfigError(f"config field model.attention must be 'auto' or one of {list(attention_plan.BACKENDS)}, "
-                          f"got {c.model.attention!r}")
-    if c.model.path is None and c.model.init is None:
-        raise ConfigError("config field model.path is not set (a Hugging Face folder), nor model.init (a preset)")
-    if c.data.train is None:
-        raise ConfigError("config field data.train is not set (a problem file or a hub dataset id)")
-    if c.data.limit is not None and c.data.limit < 1:
-        raise ConfigError(f"config field data.limit must be >= 1 or None, got {c.data.limit}")
-    if c.data.get("on_error", "raise") not in ("raise", "skip"):
-        raise ConfigError(f"config field data.on_error must be 'raise' or 'skip', got {c.data.on_error!r}")
-    _check_ranges(c)
-    rl_config(c, valid_vocab=None)  # every rl.* field against RLConfig's own checks, before any file is read
-
-
-# (field, test, what it must be): the ranges of the fields no library check sees before a run starts
-RANGES = (
-    ("eval.num_samples", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
-    ("eval.temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
-    ("eval.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("eval.max_new_tokens", lambda v: v is None or v >= 1, "a positive integer or None (the run's)"),
-    ("eval.batch_size", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
-    ("data.eval_limit", lambda v: v is None or v >= 1, "a positive integer or None"),
-    ("grading.timeout_s", lambda v: v > 0, "> 0 seconds"),
-    ("grading.workers", lambda v: v is None or v >= 1, "a positive integer or None (one per core)"),
-    ("mesh.data", lambda v: v == -1 or v >= 1, "-1 (fill) or a positive integer"),
-    ("mesh.fsdp", lambda v: v == -1 or v >= 1, "-1 (fill) or a positive integer"),
-    ("mesh.tensor", lambda v: v == -1 or v >= 1, "-1 (fill) or a positive integer"),
-)
-
-
-def _check_ranges(c: ml_collections.ConfigDict) -> None:
+    """Settings that are wrong on their own (before any file is read): every field of `RANGES`, then every rl.*
+    field against RLConfig's own checks."""
     for name, ok, what in RANGES:
         try:
             value = get(c, name)
         except (KeyError, AttributeError):
-            continue  # a config without the section (an older file): the run's defaults apply
+            continue  # a config without the field (an older file): the run's defaults apply
         try:
             good = not isinstance(value, bool) and ok(value)
         except TypeError:  # None or a string where a number belongs
             good = False
         if not good:
             raise ConfigError(f"config field {name} must be {what}, got {value!r}")
+    if c.model.path is None and c.model.init is None:
+        raise ConfigError("config field model.path is not set (a Hugging Face folder), nor model.init (a preset)")
+    if c.data.train is None:
+        raise ConfigError("config field data.train is not set (a problem file or a hub dataset id)")
+    rl_config(c, valid_vocab=None)
+
+
+_POSITIVE = (lambda v: isinstance(v, int) and v >= 1, "a positive integer")
+_POSITIVE_OR_NONE = (lambda v: v is None or (isinstance(v, int) and v >= 1), "a positive integer or None")
+_COUNT = (lambda v: isinstance(v, int) and v >= 0, ">= 0")
+_MESH_AXIS = (lambda v: v == -1 or (isinstance(v, int) and v >= 1), "-1 (fill) or a positive integer")
+# (field, test, what it must be) for every top-level, model, data, eval, grading and mesh field with a range
+RANGES = (
+    *((name, *_POSITIVE) for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "steps",
+                                      "keep_checkpoints", "model.query_block", "eval.num_samples",
+                                      "eval.batch_size")),
+    *((name, *_COUNT) for name in ("checkpoint_every", "eval_every", "sampling_chunk", "sampling_slots",
+                                   "eval.slots", "micro_batch_rows")),
+    ("temperature", lambda v: v > 0, "> 0 for RL (log-probs of softmax(logits / T))"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("model.remat", lambda v: v in REMAT_POLICIES, f"one of {sorted(REMAT_POLICIES)}"),
+    ("model.attention", lambda v: v in ("auto", *attention_plan.BACKENDS),
+     f"'auto' or one of {list(attention_plan.BACKENDS)}"),
+    ("data.limit", *_POSITIVE_OR_NONE),
+    ("data.eval_limit", *_POSITIVE_OR_NONE),
+    ("data.on_error", lambda v: v in ("raise", "skip"), "'raise' or 'skip'"),
+    ("eval.temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
+    ("eval.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("eval.max_new_tokens", lambda v: v is None or v >= 1, "a positive integer or None (the run's)"),
+    ("grading.timeout_s", lambda v: v > 0, "> 0 seconds"),
+    ("grading.workers", lambda v: v is None or v >= 1, "a positive integer or None (one per core)"),
+    *((f"mesh.{axis}", *_MESH_AXIS) for axis in ("data", "fsdp", "tensor")),
+)
 
 
 def changed_shape_fields(saved: dict, c: ml_collections.ConfigDict) -> list[str]:
