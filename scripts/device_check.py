@@ -6,7 +6,8 @@
 Cases, per backend the platform runs (`attention_plan`: "xla" everywhere, "splash" on TPU, "cudnn" on GPU):
 - parity: the backend's causal self-attention against the XLA path (`attention.attend_causal`), values and
   gradients at real positions, on padded bf16 and fp32 rows (what tests/test_attention_backends.py checks on a
-  CPU through interpreters);
+  CPU through interpreters); parity-prefixed: the same for rows that continue a shared prompt, on the backends
+  that `attention_plan.shares_prompts` (against `attention.attend_shared_prefix`);
 - train: one step of a 1.5B-shaped model with 2 layers (bf16, remat "dots") on rows of prompt + response
   tokens: the policy's teacher-forced log-probs, their gradient and an AdamW update, compiled once, then
   timed (median of --rounds);
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import pathlib
 import statistics
@@ -54,7 +56,13 @@ def timed(fn, rounds: int) -> dict:
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
 
 
-def backend_fn(backend: str, platform: str):
+def backend_fn(backend: str, platform: str, prefixed: bool = False):
+    """The backend's causal self-attention (prefixed: its form for rows that continue a shared prompt), with
+    the kernels in an interpreter where the platform cannot run them."""
+    if prefixed:
+        if backend == "splash":
+            return functools.partial(splash.attend_prefixed, interpret=platform != "tpu")
+        return attention.attend_shared_prefix
     if backend == "splash":
         return functools.partial(splash.attend_causal, interpret=platform != "tpu")
     if backend == "cudnn":
@@ -62,32 +70,40 @@ def backend_fn(backend: str, platform: str):
     return attention.attend_causal
 
 
-def parity(backend: str, platform: str, dtype) -> dict:
+def parity(backend: str, platform: str, dtype, prefixed: bool = False) -> dict:
+    """The backend against the XLA path at real positions: causal self-attention over [B, T] rows, or
+    (prefixed) 2 groups of 2 rows over a 300-slot prompt each, then causally over their own keys."""
     rng = np.random.RandomState(0)
-    b, t, n, k, h = 2, 1000, 12, 2, 128
-    q, kk, v = (jnp.asarray(rng.randn(*s), dtype) for s in ((b, t, n, h), (b, k, t, h), (b, k, t, h)))
+    b, t, n, k, h, p = (4, 700, 12, 2, 128, 300) if prefixed else (2, 1000, 12, 2, 128, 0)
+    arrays = [(b, t, n, h), (b, k, t, h), (b, k, t, h)] + [(b // 2, k, p, h)] * 2 * prefixed
+    q, kk, v, *prefix_kv = (jnp.asarray(rng.randn(*s), dtype) for s in arrays)
     mask = np.ones((b, t), bool)
-    mask[1, :123], mask[1, 900:] = False, False  # a training row: [padding | real | padding]
+    mask[1, :123], mask[1, 600:] = False, False  # a training row: [padding | real | padding]
     mask = jnp.asarray(mask)
+    prefix_mask = jnp.asarray(np.arange(p)[None, :] >= np.array([[0], [57]]))  # the second prompt left-padded
     g = jnp.asarray(rng.randn(b, t, n, h), dtype) * mask[:, :, None, None]
 
     def vjp(fn):  # the inputs are arguments, not constants the compiler would fold
         @jax.jit
-        def run(q, kk, v, mask, g):
-            out, pull = jax.vjp(lambda q, k, v: fn(q, k, v, mask), q, kk, v)
+        def run(q, kk, v, mask, g, *prefix_kv):
+            if prefixed:
+                call = lambda q, k, v, pk, pv: fn(q, pk, pv, k, v, prefix_mask, mask)  # noqa: E731
+            else:
+                call = lambda q, k, v: fn(q, k, v, mask)  # noqa: E731
+            out, pull = jax.vjp(call, q, kk, v, *prefix_kv)
             return out, pull(g)
-        return run(q, kk, v, mask, g)
+        return run(q, kk, v, mask, g, *prefix_kv)
 
-    want = vjp(attention.attend_causal)  # the XLA path
-    got = vjp(backend_fn(backend, platform))
+    want = vjp(backend_fn("xla", platform, prefixed))  # the XLA path
+    got = vjp(backend_fn(backend, platform, prefixed))
     real = np.asarray(mask)[:, :, None, None]
     err = lambda a, b: float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))  # noqa: E731
     out_err = float(np.max(np.where(real, np.abs(np.asarray(got[0], np.float32) - np.asarray(want[0], np.float32)),
                                     0)))
     grad_err = max(err(a, b) for a, b in zip(got[1], want[1], strict=True))
     tol = 2e-2 if dtype == jnp.bfloat16 else 2e-4
-    return {"case": "parity", "backend": backend, "dtype": jnp.dtype(dtype).name, "max_abs_out": out_err,
-            "max_abs_grad": grad_err, "finite": bool(jnp.isfinite(got[0]).all()),
+    return {"case": "parity-prefixed" if prefixed else "parity", "backend": backend, "dtype": jnp.dtype(dtype).name,
+            "max_abs_out": out_err, "max_abs_grad": grad_err, "finite": bool(jnp.isfinite(got[0]).all()),
             "ok": out_err < tol and grad_err < tol * 10}
 
 
@@ -154,8 +170,10 @@ def main() -> int:
     ok = True
     for backend in KERNELS.get(platform, ("xla",)):
         if "parity" not in args.skip:
-            for dtype in (jnp.float32, jnp.bfloat16):
-                record = parity(backend, platform, dtype)
+            for dtype, prefixed in itertools.product((jnp.float32, jnp.bfloat16), (False, True)):
+                if prefixed and not attention_plan.shares_prompts(backend):
+                    continue
+                record = parity(backend, platform, dtype, prefixed)
                 ok &= record["ok"]
                 emit(record)
         if "train" not in args.skip:

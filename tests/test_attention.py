@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_reference import causal, formula
+from attention_reference import assert_prefixed_like_copies, causal, prefixed_inputs
 
-from r3jax.model import attention, cache
+from r3jax.model import attention
 
 
 def causal_inputs(dtype, b=3, t=9, n=4, kh=2, h=8, seed=1):
@@ -36,23 +36,6 @@ def test_causal_gradients_keep_the_inputs_dtype():
         np.testing.assert_allclose(np.asarray(g, np.float32), ref, atol=0.05, rtol=0.05, err_msg=f"d{name}")
 
 
-def prefixed_inputs(q_count=3, g=2, t=5, p=7, n=4, kh=2, h=8, dtype=jnp.float32, seed=2):
-    """Q prefixes (left-padded; the second with no real slot) read by Q groups of G rows with T own tokens
-    each: the first row's last token is padding, and the second group's first row starts with one (a query with
-    no real key to see)."""
-    rng = np.random.RandomState(seed)
-    b = q_count * g
-    q, kp, vp, ko, vo = (jnp.asarray(rng.randn(*shape), dtype) for shape in
-                         ((b, t, n, h), (q_count, kh, p, h), (q_count, kh, p, h), (b, kh, t, h), (b, kh, t, h)))
-    seen = np.ones((q_count, p), bool)
-    seen[0, :3] = False
-    seen[1] = False
-    own = np.ones((b, t), bool)
-    own[0, t - 1] = False
-    own[g, 0] = False
-    return q, kp, vp, ko, vo, jnp.asarray(seen), jnp.asarray(own), jnp.asarray(rng.randn(b, t, n, h), dtype)
-
-
 @pytest.mark.parametrize("q_count, g, t, query_block", [(3, 2, 5, None), (2, 4, 5, None), (4, 1, 5, None),
                                                         (3, 2, 5, 2), (2, 2, 11, 4)],
                          ids=["3x2", "2x4", "one_row_each", "blocks_of_2", "long_rows_blocks_of_4"])
@@ -60,26 +43,8 @@ def test_a_shared_prefix_attends_like_per_row_copies(q_count, g, t, query_block)
     """`attend_shared_prefix` (each group's queries meet its prefix once, in causal blocks of queries) gives
     the formula's values and gradients at real positions over each row's own copy of its prefix under the
     joined causal mask, the prefix's gradient summed over its group."""
-    q, kp, vp, ko, vo, seen, own, cotangent = prefixed_inputs(q_count, g, t)
-    rows = np.repeat(np.arange(q_count), g)
-    mask = jnp.concatenate([jnp.broadcast_to(seen[rows][:, None], (len(rows), t, seen.shape[1])),
-                            cache.causal_mask(own)], axis=2)
-    real = own[:, :, None, None]
-    cotangent = jnp.where(real, cotangent, 0.0)  # a padded query's output reaches nothing
-
-    def copies(q, kp, vp, ko, vo):
-        joined = [jnp.concatenate([x[rows], o], axis=2) for x, o in ((kp, ko), (vp, vo))]
-        return formula(q, *joined, mask)
-
-    def shared(q, kp, vp, ko, vo):
-        return attention.attend_shared_prefix(q, kp, vp, ko, vo, seen, own, query_block)
-
-    out, pull = jax.vjp(jax.jit(shared), q, kp, vp, ko, vo)
-    ref, ref_pull = jax.vjp(copies, q, kp, vp, ko, vo)
-    assert np.isfinite(out).all()
-    np.testing.assert_allclose(jnp.where(real, out, 0.0), jnp.where(real, ref, 0.0), atol=1e-6)
-    for name, a, b in zip(["q", "prefix k", "prefix v", "k", "v"], pull(cotangent), ref_pull(cotangent), strict=True):
-        np.testing.assert_allclose(a, b, atol=2e-6, err_msg=f"d{name}")
+    assert_prefixed_like_copies(lambda *a: attention.attend_shared_prefix(*a, query_block),
+                                prefixed_inputs(q_count, g, t), atol=2e-6)
 
 
 def test_a_shared_prefix_needs_equal_groups():

@@ -1,6 +1,7 @@
 """Every causal self-attention backend (`attention_plan.BACKENDS`) gives the formula's values and gradients under
 `cache.causal_mask` (`attention_reference.causal`) at real positions: XLA's causal block skipping, Pallas
-splash (run by Pallas' interpreter on this CPU) and the cuDNN path's rotations (run with
+splash (run by Pallas' interpreter on this CPU; also its form for rows that continue a shared prefix) and the
+cuDNN path's rotations (run with
 `jax.nn.dot_product_attention`'s XLA implementation here)."""
 
 import functools
@@ -9,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_reference import causal
+from attention_reference import assert_prefixed_like_copies, causal, prefixed_inputs
 
 from r3jax.model import attention, cudnn, splash
 
@@ -60,6 +61,24 @@ def test_splash_equals_dense_attention_in_the_pallas_interpreter():
     # skipping the second's; T padded to 256 with padding as its own segment
     inputs = rows(t=200, n=4, kh=2, h=32)
     assert_equal_at_real_positions(functools.partial(splash.attend_causal, block=128, interpret=True), inputs)
+
+
+@pytest.mark.parametrize("q_count, g, t, p", [(3, 2, 5, 7), (2, 2, 200, 130)], ids=["short", "blocks_of_128"])
+def test_splash_reads_a_shared_prefix_like_per_row_copies_in_the_pallas_interpreter(q_count, g, t, p):
+    # "blocks_of_128": the prefix padded to 256 slots and the rows to 256 positions, two query blocks each
+    # reading both prefix blocks and its own keys up to its diagonal
+    fn = functools.partial(splash.attend_prefixed, block=128, interpret=True)
+    assert_prefixed_like_copies(fn, prefixed_inputs(q_count, g, t, p), atol=2e-5)
+
+
+def test_a_splash_kernel_first_built_inside_one_program_serves_another():
+    # the kernel (and its block tables) is cached per shape: made inside the first trace, it must hold no tracer
+    # that a second program (the sampler's prefill after the train step, fp32 after bf16) would meet
+    q, k, v, mask, _ = rows(t=16)
+    first = jax.jit(lambda q, k, v: splash.attend_causal(q, k, v, mask, interpret=True))(q, k, v)
+    cast = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    second = jax.jit(lambda q, k, v: 2 * splash.attend_causal(q, k, v, mask, interpret=True))(*cast)
+    np.testing.assert_allclose(np.asarray(second, np.float32), 2 * np.asarray(first), atol=0.1)
 
 
 def test_cudnn_rotations_equal_dense_attention():

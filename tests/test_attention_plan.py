@@ -61,12 +61,20 @@ def test_a_cpu_gets_the_xla_path_and_its_mechanisms():
     assert "train xla" in plan.describe() and plan.as_dict()["cpu"]["unroll_layers"] is True
 
 
-@pytest.mark.parametrize("platform, backend, shared", [("cpu", "auto", True), ("tpu", "auto", False),
-                                                       ("gpu", "auto", False), ("tpu", "xla", True)])
-def test_training_rows_share_prompts_only_beside_xla_attention(platform, backend, shared):
-    """The shared-prefix attention is XLA: beside splash or cuDNN, rows keep whole on the kernel."""
+@pytest.mark.parametrize("platform, backend, shared", [("cpu", "auto", True), ("tpu", "auto", True),
+                                                       ("gpu", "auto", False), ("gpu", "xla", True)])
+def test_training_rows_share_prompts_beside_xla_and_splash_attention(platform, backend, shared):
+    """XLA and splash have a prefixed form; beside cuDNN rows keep their own prompt."""
     plan = attention_plan.plan(platform=platform, backend=backend)
     assert plan.shared_prompts is shared and plan.shared_prompts == attention_plan.shares_prompts(plan.train)
+
+
+def test_prefixed_attention_on_a_backend_without_a_prefixed_form_is_refused_by_name():
+    q = jnp.zeros((2, 3, 2, 4))
+    kv, prefix = jnp.zeros((2, 1, 3, 4)), jnp.zeros((1, 1, 5, 4))
+    with pytest.raises(ValueError, match="cudnn"):
+        attention_plan.prefixed_attention("cudnn", q, prefix, prefix, kv, kv, jnp.ones((1, 5), bool),
+                                          jnp.ones((2, 3), bool))
 
 
 @pytest.mark.parametrize("backend, platform", [("splash", "cpu"), ("cudnn", "tpu"), ("flash", "gpu")])

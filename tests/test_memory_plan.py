@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from r3jax import model as rm
+from r3jax.model import sharding
 from r3jax.train import memory_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,14 +125,32 @@ def test_train_flops_count_what_each_remat_policy_recomputes():
     m = rm.tiny()
     shapes = memory_plan.Shapes(prompts=2, slots=0, samples=4, prompt_tokens=8, response_tokens=24, num_questions=2,
                                 replay_k=0)
-    flops = {r: memory_plan.train_flops(tiny_config(**{"model.remat": r}), m, shapes) for r in ("none", "dots", "full")}
     tokens = shapes.loss_rows * 32
+    flops = {r: memory_plan.train_flops(tiny_config(**{"model.remat": r}), m, shapes, tokens)
+             for r in ("none", "dots", "full")}
     forward, projections = (memory_plan.forward_flops_per_token(m, s) for s in (32, 0))  # 0 slots: no attention
     assert flops["none"] == pytest.approx(3 * forward * tokens)
     assert flops["full"] == pytest.approx(4 * forward * tokens)
     assert flops["dots"] == pytest.approx(3 * forward * tokens)
     assert flops["dots"] < flops["full"]
     assert projections < forward  # the attention term is counted (forward_flops_per_token at 32 slots vs 0)
+
+
+@pytest.mark.parametrize("share, backend", [(True, "xla"), (True, "splash"), (False, "xla"), (True, "cudnn")])
+def test_rows_that_share_their_prompt_count_it_once_per_micro_batch(share, backend):
+    """GRPO, 2 groups of 4 rows in 2 micro-batches of one group each: with shared prompts each micro-batch runs
+    its one prompt once (2 prompts of 8 tokens + 8 rows of 24), without them (or beside cuDNN) every row runs its
+    own (8 rows of 32 tokens)."""
+    from r3jax.train import config as run_config
+
+    c = tiny_config(**{"algorithm": "grpo", "prompts_per_step": 2, "samples_per_prompt": 4,
+                       "rl.num_micro_batches": 2, "rl.share_prompts": share})
+    rl = run_config.rl_config(c, valid_vocab=None)
+    shapes = memory_plan.Shapes(prompts=2, slots=0, samples=4, prompt_tokens=8, response_tokens=24, num_questions=2,
+                                replay_k=0)
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    shared = share and backend != "cudnn"
+    assert memory_plan.trained_tokens(rl, shapes, mesh, backend) == (2 * 8 + 8 * 24 if shared else 8 * 32)
 
 
 def test_decode_reads_the_cache_blocks_below_the_longest_row(monkeypatch):

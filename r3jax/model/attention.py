@@ -32,14 +32,15 @@ def attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, query_block: int | None = Non
     also itself (so that it has a key whatever the blocks; its value never reaches a real query).
 
     The values and gradients at real positions of softmax attention under `cache.causal_mask(mask_bt)` (the
-    softmax gradient written out: `_backward_block`), with the keys past the diagonal skipped: queries run
+    prefixed attention's with an empty prefix: the softmax gradient written out), with the keys past the diagonal
+    skipped: queries run
     `query_block` at a time (default `CAUSAL_BLOCK`), and block i reads only keys [0, (i + 1)·query_block),
     forward and backward; no [B, T, T] mask is formed. At T = 2,048 in
     blocks of 512 the four blocks read 5/8 of the [T, T] scores. Every position's value is the same whatever
     the block size."""
-    block = query_block or CAUSAL_BLOCK
-    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
-    return _ungroup_heads(_causal_attention(q_bkrth, k_bksh, v_bksh, mask_bt, block))
+    empty = lambda x: x[:, :, :0]  # noqa: E731  an empty prefix per row: the prefixed attention's own part alone
+    return attend_shared_prefix(q_btnh, empty(k_bksh), empty(v_bksh), k_bksh, v_bksh, mask_bt[:, :0], mask_bt,
+                                query_block)
 
 
 def _causal_spans(t: int, block: int) -> list[tuple[int, int]]:
@@ -52,36 +53,6 @@ def _causal_block_mask(mask_bt, first: int, end: int):
     changes only padded queries: none is left without a key, and none reaches a real query)."""
     keys, queries = jnp.arange(end)[None, :], jnp.arange(first, end)[:, None]
     return (keys <= queries)[None] & (mask_bt[:, None, :end] | (keys == queries)[None])
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _causal_attention(q_bkrth, k_bksh, v_bksh, mask_bt, block: int):
-    return _causal_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bt, block)[0]
-
-
-def _causal_attention_fwd(q_bkrth, k_bksh, v_bksh, mask_bt, block: int):
-    parts = [_forward_block(q_bkrth[:, :, :, first:end], k_bksh[:, :, :end], v_bksh[:, :, :end],
-                            _causal_block_mask(mask_bt, first, end))
-             for first, end in _causal_spans(q_bkrth.shape[3], block)]
-    out, m, inv_l = (checkpoint_name(jnp.concatenate(x, axis=3), OUTPUT_NAME) for x in zip(*parts, strict=True))
-    return out, (q_bkrth, k_bksh, v_bksh, mask_bt, out, m, inv_l)
-
-
-def _causal_attention_bwd(block: int, residuals, g_bkrth):
-    q, k, v, mask_bt, out, m, inv_l = residuals
-    t = q.shape[3]
-    dq, dk, dv = [], jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
-    for first, end in _causal_spans(t, block):
-        q_i, out_i, m_i, inv_l_i, g_i = (x[:, :, :, first:end] for x in (q, out, m, inv_l, g_bkrth))
-        dq_i, dk_i, dv_i = _backward_block(q_i, k[:, :, :end], v[:, :, :end], _causal_block_mask(mask_bt, first, end),
-                                           out_i, m_i, inv_l_i, g_i)
-        dq.append(dq_i)
-        pad = [(0, 0), (0, 0), (0, t - end), (0, 0)]
-        dk, dv = dk + jnp.pad(dk_i, pad), dv + jnp.pad(dv_i, pad)
-    return jnp.concatenate(dq, axis=3), dk.astype(k.dtype), dv.astype(v.dtype), None
-
-
-_causal_attention.defvjp(_causal_attention_fwd, _causal_attention_bwd)
 
 
 def _group_heads(q_btnh, kv_heads: int):
@@ -100,29 +71,6 @@ def _scores(q_bkrth, keys, mask_bts, equation: str = "bkrth,bksh->bkrts"):
     """Scaled fp32 scores [B, K, R, T, S] of the keys (in the layout `equation` reads), masked keys at _MASKED."""
     scores = jnp.einsum(equation, q_bkrth, keys, preferred_element_type=jnp.float32)
     return jnp.where(mask_bts[:, None, None], scores * q_bkrth.shape[-1] ** -0.5, _MASKED)
-
-
-def _forward_block(q_bkrth, k_bksh, v_bksh, mask_bts):
-    """softmax(scores) @ v of one block of queries, normalised after the product: (exp(scores - m) @ v) / l with
-    the row max m and sum l, which the backward reads. A query with no visible key gets the uniform softmax."""
-    scores = _scores(q_bkrth, k_bksh, mask_bts)
-    m = scores.max(-1, keepdims=True)
-    e = jnp.exp(scores - m)
-    inv_l = 1.0 / e.sum(-1, keepdims=True)
-    pv = jnp.einsum("bkrts,bksh->bkrth", e.astype(v_bksh.dtype), v_bksh, preferred_element_type=jnp.float32)
-    return (pv * inv_l).astype(v_bksh.dtype), m, inv_l
-
-
-def _backward_block(q, k, v, mask, out, m, inv_l, g_bkrth):
-    """One block of queries' share of the gradient, the scores recomputed from q and k rather than stored:
-    p = exp(scores - m) / l, dscores = p * (g @ v^T - sum(g * out)), then the three products (fp32 dk, dv)."""
-    acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)  # fp32 sums of products
-    p = jnp.exp(_scores(q, k, mask) - m) * inv_l
-    dv = acc32("bkrts,bkrth->bksh", p.astype(v.dtype), g_bkrth)
-    dp = jnp.einsum("bkrth,bksh->bkrts", g_bkrth, v)  # [T, S] in the operands' dtype, as autodiff's would be
-    row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
-    ds = jnp.where(mask[:, None, None], p * (dp - row) * q.shape[-1] ** -0.5, 0.0).astype(q.dtype)
-    return acc32("bkrts,bksh->bkrth", ds, k).astype(q.dtype), acc32("bkrts,bkrth->bksh", ds, q), dv
 
 
 def _by_prefix(x, prefixes: int):
@@ -204,9 +152,11 @@ def _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask
 
 
 def _prefixed_forward_block(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
+    """One block of queries, normalised after the products: out = acc / l, with the row max m and 1 / l, which
+    the backward reads. A query with no visible key gets the uniform softmax."""
     q_count = prefix_k.shape[0]
     shared, own = _shared_scores(q_bkrth, prefix_k, visible_qtp), _scores(q_bkrth, k_bksh, visible_btt)
-    m = jnp.maximum(_by_row(shared.max(-1), q_bkrth), own.max(-1))[..., None]            # [B, K, R, T, 1]
+    m = jnp.maximum(_by_row(shared.max(-1, initial=_MASKED), q_bkrth), own.max(-1))[..., None]  # [B, K, R, T, 1]
     e_shared, e_own = jnp.exp(shared - _by_prefix(m, q_count)), jnp.exp(own - m)
     inv_l = 1.0 / (_by_row(e_shared.sum(-1, keepdims=True), q_bkrth) + e_own.sum(-1, keepdims=True))
     acc = (_by_row(jnp.einsum("qkms,qksh->qkmh", e_shared, prefix_v, preferred_element_type=jnp.float32), q_bkrth)
@@ -223,8 +173,9 @@ def _prefixed_attention_fwd(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_
 
 
 def _prefixed_backward_block(q, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt, out, m, inv_l, g_bkrth):
-    """As `_backward_block`, for the two parts: p = exp(s - m) / l recomputed, ds = p * (g @ v^T - sum(g * out)),
-    the prefix's dk and dv summed over its group's queries by the grouped products themselves (fp32)."""
+    """One block of queries' share of the gradient, the scores recomputed from q and k rather than stored, for
+    both parts: p = exp(s - m) / l, ds = p * (g @ v^T - sum(g * out)), then the products (fp32 dk, dv), the
+    prefix's dk and dv summed over its group's queries by the grouped products themselves."""
     q_count, h = prefix_k.shape[0], prefix_k.shape[-1]
     acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
     shared, own = _shared_scores(q, prefix_k, visible_qtp), _scores(q, k_bksh, visible_btt)

@@ -10,11 +10,13 @@ Backends of causal self-attention (every forward without a cache: training's los
 - "cudnn" (GPU): cuDNN flash attention (`r3jax.model.cudnn`);
 - "xla" (CPU, and anywhere on request): queries in blocks, each reading only the keys up to its diagonal
   (`attention.attend_causal`).
-Attention over a cache (the sampler's decode steps) and rows that read a shared prefix run XLA on every platform
-(the online softmax over cache blocks, `attention.attend_cached`; `attention.attend_shared_prefix`). Training rows
-share their prompt (`shares_prompts`) only where causal self-attention is XLA too: beside a kernel, the XLA
-prefixed attention's [block, P + T] scores live in HBM (compiled for v5e:4x8, GRPO at the paper's lengths in 8
-micro-batches of 128 rows: refused at 18.91 GiB of temporaries, against 15.19 GiB with every row on splash).
+Attention over a cache (the sampler's decode steps) runs XLA on every platform (the online softmax over cache
+blocks, `attention.attend_cached`). Training rows that read a prompt held once per group (`shares_prompts`) run
+on XLA (`attention.attend_shared_prefix`: a group's queries meet the prompt in one product) or on splash
+(`splash.attend_prefixed`: keys [prompt | own] per row in one kernel call); not on cuDNN, whose padding
+(trailing lengths) cannot mark a prompt's left padding in the middle of a row's keys, so rows there keep their
+own prompt. Beside splash the XLA form would not do: its [block, P + T] scores live in HBM (compiled for v5e:4x8,
+GRPO at the paper's lengths in 8 micro-batches of 128 rows: refused at 18.91 GiB of temporaries).
 
 CPU-only mechanisms (`CpuMechanisms`), each a workaround for how XLA:CPU runs small programs, are on only when
 the platform is "cpu": they cost memory or compile time elsewhere and buy nothing there.
@@ -113,9 +115,9 @@ def plan(*, mesh=None, platform: str | None = None, backend: str = "auto") -> At
 
 
 def shares_prompts(backend: str) -> bool:
-    """Whether training rows read a shared prompt (`attention.attend_shared_prefix`, XLA) beside causal
-    self-attention on `backend`: only on XLA, whose blocks it shares; a kernel backend keeps whole rows."""
-    return backend == "xla"
+    """Whether training rows may read a prompt held once per group with causal self-attention on `backend`
+    (`prefixed_attention`): XLA and splash; cuDNN keeps whole rows."""
+    return backend in ("xla", "splash")
 
 
 def cpu_mechanisms(where=None) -> CpuMechanisms:
@@ -132,3 +134,16 @@ def self_attention(backend: str, q_btnh, k_bksh, v_bksh, mask_bt, *, mesh=None, 
     if backend == "cudnn":
         return cudnn.attend_causal(q_btnh, k_bksh, v_bksh, mask_bt)
     return attention.attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, attention.causal_block(query_block))
+
+
+def prefixed_attention(backend: str, q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt, *,
+                       mesh=None, query_block: int | None = None):
+    """Attention of [B, T] rows that continue Q prefixes (Q groups of B / Q rows in order; prefix keys and values
+    [Q, K, P, H], real slots prefix_mask [Q, P]) with `backend` (one that `shares_prompts`): each row over its
+    prefix's real slots, then causally over its own real tokens (mask_bt [B, T])."""
+    if backend == "splash":
+        return splash.attend_prefixed(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt, mesh=mesh)
+    if not shares_prompts(backend):
+        raise ValueError(f"attention backend {backend!r} does not read shared prompts; rows keep their own")
+    return attention.attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt,
+                                          attention.causal_block(query_block))

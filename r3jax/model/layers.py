@@ -10,7 +10,7 @@ from flax import nnx
 
 from r3jax.model import attention_plan, sharding
 from r3jax.model import cache as kv_cache
-from r3jax.model.attention import attend_cached, attend_shared_prefix, causal_block
+from r3jax.model.attention import attend_cached
 from r3jax.model.config import ModelConfig
 
 
@@ -123,7 +123,8 @@ class Attention(nnx.Module):
                 out = attention_plan.self_attention(self.attention, q, *kv, mask_bts, mesh=self.mesh,
                                                     query_block=self.query_block)
             else:  # Q prefixes, each read by a group of B / Q rows; mask_bts: (prefix mask [Q, P], rows' [B, T])
-                out = attend_shared_prefix(q, *prefix, *kv, *mask_bts, causal_block(self.query_block))
+                out = attention_plan.prefixed_attention(self.attention, q, *prefix, *kv, *mask_bts, mesh=self.mesh,
+                                                        query_block=self.query_block)
         else:
             kv = kv_cache.write_layer(kv, layer, k, v, index)
             out = attend_cached(q, kv, layer, mask_bts, bound, prefix=prefix)

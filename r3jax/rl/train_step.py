@@ -351,10 +351,10 @@ def make_train_step(graphdef, cfg: RLConfig, tx: optax.GradientTransformation, s
     shardings; each `layout` (static, hashable) compiles once. On a mesh that splits the loss rows over several
     devices, rows share prompts only where every device holds whole groups (`shared_prompts`): the by-id form
     gathers rows across shards, which libtpu 0.0.42.1 aborts compiling (a CHECK failure in its
-    AllGatherDynamicSliceCancellation pass). Beside a kernel attention backend (splash, cuDNN) rows do not share
-    prompts at all (`attention_plan.shares_prompts`)."""
+    AllGatherDynamicSliceCancellation pass). Beside cuDNN attention rows do not share prompts at all
+    (`attention_plan.shares_prompts`)."""
     if cfg.share_prompts and not attention_plan.shares_prompts(nnx.merge(graphdef, state.params).attention):
-        cfg = dataclasses.replace(cfg, share_prompts=False)  # a kernel backend keeps whole rows (`attention_plan`)
+        cfg = dataclasses.replace(cfg, share_prompts=False)  # cuDNN keeps whole rows (`attention_plan`)
     row_shards = 1 if mesh is None else sharding.batch_devices(mesh)
     step = functools.partial(train_step, graphdef, cfg, tx, row_shards=row_shards)
     if mesh is None:

@@ -16,7 +16,9 @@ parameters (layers and head, not the embedding lookup), per token of a forward p
     F_fwd = 2·Φ + 4·L·N·H·S_attn        (S_attn: key slots each query scores)
 
 train step: 3·F_fwd per token (forward + backward, the MFU convention), + F_fwd with remat "full" (the layer's
-forward again), + its attention term alone with remat "dots" (the projections' outputs are kept);
+forward again), nothing more with remat "dots" (every product's output is kept, the attention's too), over
+every loss row's tokens, where rows that read their prompts once per micro-batch (`trained_tokens`) count each
+distinct prompt once;
 sampler: prefill F_fwd on every prompt token (S_attn: the prompt), then one F_fwd per row per decode step (S_attn:
 `decode_slots`, the cache blocks below the longest live row, averaged over the steps). The training attention
 skips the blocks above the diagonal on every backend (`attention_plan`): S_attn is `causal_keys`, about half
@@ -40,6 +42,7 @@ from jax.sharding import NamedSharding
 from r3jax import model as rm
 from r3jax.model import attention, attention_plan, sharding, splash
 from r3jax.rl import batch as rl_batch
+from r3jax.rl import layout as rl_layout
 from r3jax.rl import train_step
 from r3jax.sampling import sampler, slots
 from r3jax.train import config as run_config
@@ -188,13 +191,28 @@ def causal_keys(seq: int, backend: str) -> float:
     return sum((end - first) * end for first, end in attention._causal_spans(padded, block)) / seq
 
 
-def train_flops(c, m: rm.ModelConfig, s: Shapes, backend: str = "xla") -> float:
-    seq = s.prompt_tokens + s.response_tokens
-    forward = forward_flops_per_token(m, causal_keys(seq, backend))
+def trained_tokens(rl, s: Shapes, mesh, backend: str) -> int:
+    """Tokens the train step's forward runs: each loss row's prompt and response, except in segments whose rows
+    read their prompts once per micro-batch (`train_step.shared_prompts`, beside a backend that
+    `attention_plan.shares_prompts`), which run each micro-batch's distinct prompts once."""
+    batch = abstract_batch(s, mesh)
+    total = 0
+    for seg in train_step.segments(rl, batch, rl_layout.full(rl, batch)):
+        shared = (train_step.shared_prompts(rl, seg, sharding.batch_devices(mesh))
+                  if attention_plan.shares_prompts(backend) else None)
+        prompts = seg.rows if shared is None else seg.micro_batches * shared[1]
+        total += prompts * seg.prompt_width + seg.rows * s.response_tokens
+    return total
+
+
+def train_flops(c, m: rm.ModelConfig, s: Shapes, tokens: int, backend: str = "xla") -> float:
+    """FLOPs of a train step that runs `tokens` (`trained_tokens`), each query scoring the causal keys of a
+    whole row."""
+    forward = forward_flops_per_token(m, causal_keys(s.prompt_tokens + s.response_tokens, backend))
     # forward + backward (2x), + what the backward recomputes: "dots" keeps every product's output (the
     # projections' and the attention's), so only "full" runs the forward again
     recomputed = {"none": 0.0, "full": forward, "dots": 0.0}[c.model.remat]
-    return s.loss_rows * seq * (3 * forward + recomputed)
+    return tokens * (3 * forward + recomputed)
 
 
 def decode_slots(s: Shapes, shared: bool = False) -> float:
@@ -302,7 +320,9 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
         start = time.perf_counter()
         if program == "train_step":
             build = functools.partial(compile_train_step, c, rl, graphdef, params, s, mesh)
-            extra, flops = {"loss_rows": s.loss_rows}, train_flops(c, model_cfg, s, backend)
+            tokens = trained_tokens(rl, s, mesh, backend)
+            extra, flops = {"loss_rows": s.loss_rows, "trained_tokens": tokens}, train_flops(c, model_cfg, s, tokens,
+                                                                                               backend)
         elif program == "sampler":
             rows = sampler_rows(c, s)
             build = functools.partial(compile_sampler, c, rl, model_cfg, graphdef, params, s, mesh)
