@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import jax
 import numpy as np
 
+# XLA:CPU threads per fake device (`size_cpu_thread_pool`): room for several collectives in flight on each.
+CPU_THREADS_PER_DEVICE = 4
 ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
        "process_id": "JAX_PROCESS_ID"}
 
@@ -51,6 +54,30 @@ def wanted(coordinator_address=None, num_processes=None, process_id=None, *, aut
     return auto or explicit or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
 
 
+def size_cpu_thread_pool(environ=None) -> int | None:
+    """Gives XLA:CPU enough threads for the fake devices of `--xla_force_host_platform_device_count` (in
+    XLA_FLAGS): NPROC = `CPU_THREADS_PER_DEVICE` x devices, unless NPROC or PJRT_NPROC is set. Returns the
+    size it set, None when it left the environment alone (one device, or the user's own size).
+
+    XLA:CPU runs every device's program on one pool of threads, max(cores, devices) by default, and runs a
+    program's independent operations concurrently; a collective holds its thread until every device in it
+    arrives. With 8 devices on 2 cores the pool has 8 threads: when some devices have two collectives in flight
+    (an 8-way all-gather and a pairwise one of the same step, seen in the deadlock this prevents), the 8
+    threads can all be waiting while the devices they wait for have no thread left to run on, and XLA aborts
+    the process after 40 s. Every device issues the same collectives in the same program; a TPU or GPU runs
+    each device's collectives on its own stream and has no shared pool to exhaust. Must run before anything
+    touches a device (the pool is made with the CPU client)."""
+    environ = os.environ if environ is None else environ
+    if "NPROC" in environ or "PJRT_NPROC" in environ:
+        return None
+    found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", environ.get("XLA_FLAGS", ""))
+    devices = int(found[-1]) if found else 1
+    if devices <= 1:
+        return None
+    environ["NPROC"] = str(CPU_THREADS_PER_DEVICE * devices)
+    return CPU_THREADS_PER_DEVICE * devices
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, auto: bool = False, heartbeat_timeout_s: int = 100,
                initialization_timeout_s: int = 300) -> bool:
@@ -58,8 +85,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
     Unset values come from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else from JAX's own
     cluster detection (Cloud TPU VMs, SLURM, Open MPI, Kubernetes). If a process dies, the others stop within
-    about `heartbeat_timeout_s` with JAX's "another task died" error instead of waiting forever. Must run
-    before anything touches a device."""
+    about `heartbeat_timeout_s` with JAX's "another task died" error instead of waiting forever. Sizes XLA:CPU's
+    thread pool for fake devices first (`size_cpu_thread_pool`). Must run before anything touches a device."""
+    size_cpu_thread_pool()
     if not wanted(coordinator_address, num_processes, process_id, auto=auto):
         return False
     address = _from_env(coordinator_address, "coordinator_address", str)

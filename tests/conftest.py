@@ -4,15 +4,14 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:CPU runs every device's program on one pool of NPROC threads (default: max(cores, devices)), and a
-# collective holds its thread until all its devices arrive. When one program has two collectives in flight
-# on each of 8 fake devices, 8 threads can all be waiting while the partners they wait for have no thread
-# left: a deadlock that XLA ends with a SIGABRT after 40 s (seen on 2-core CI). Enough threads rule it out.
-os.environ.setdefault("NPROC", "32")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+
+from r3jax import hosts  # noqa: E402
+
+hosts.size_cpu_thread_pool()  # XLA:CPU threads for several collectives in flight on each of the 8 devices
 
 
 def write_hf_checkpoint(path, seed=0, **overrides):

@@ -190,3 +190,19 @@ def test_a_url_workdir_is_refused(env, tmp_path):
     done = subprocess.run([*TRAIN, "--workdir", "gs://bucket/run"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "URLs are not supported" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("environ, size", [
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, 32),
+    ({"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=2"}, 8),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "NPROC": "5"}, None),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PJRT_NPROC": "5"}, None),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, None),
+    ({}, None)], ids=["8_devices", "2_devices_among_flags", "user_nproc", "user_pjrt_nproc", "1_device", "no_flags"])
+def test_fake_cpu_devices_get_threads_for_several_collectives_in_flight_each(environ, size):
+    """XLA:CPU's pool (NPROC) gets 4 threads per fake device, unless the user sized it or there is one device."""
+    from r3jax import hosts
+
+    before = dict(environ)
+    assert hosts.size_cpu_thread_pool(environ) == size
+    assert environ == (before if size is None else {**before, "NPROC": str(size)})

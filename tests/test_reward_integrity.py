@@ -161,6 +161,18 @@ def test_an_answer_the_grammar_cannot_read_counts_only_when_written_as_the_refer
     assert equivalence.judge("E_{1},\u200bE_{2}", ["E_{1},E_{2}"]) == (False, "parse_error")
 
 
+@pytest.mark.parametrize("reference", [
+    r"\frac{dM}{dt}=\frac{10^{5} L_{\odot}}{0.007 c^{2} M_{\odot}^{6}} M^{6}",
+    r"\hbar \omega(v+1 / 2)-\frac{E_{0}^{2} e^{2}}{2 m \omega^{2}}", "E_1, E_2", r"m_{\max }=n^{2}-n-1",
+    r"$f(x)=a x+b$, where $b$ is an arbitrary integer, and $a$ is an arbitrary positive integer with $\mho(a)=0$",
+    "t(0,4]"])
+def test_every_benchmark_reference_the_parser_cannot_read_is_still_an_answer(reference):
+    """The gold answers of Minerva and OlympiadBench (../shared/data/rllm/test) that no parser reads: each is
+    matched as written, so no question of those sets is unanswerable and a load need not refuse them."""
+    assert equivalence.parse_reference(equivalence.normalize_reference(reference)) is None
+    assert equivalence.judge(equivalence.normalize_reference(reference), [reference]) == (True, "correct")
+
+
 @pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "(10^{100})!", "(x+1)^{10^{4}}", "2^{2^{2^{30}}}"])
 def test_a_slow_answer_times_out_within_a_fraction_of_a_second(answer):
     import time

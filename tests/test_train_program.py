@@ -23,9 +23,12 @@ TIMING_KEYS = ("time/", "tokens_per_s", "compile/seconds", "compile/cache_hits",
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
+    """The test process's environment, less conftest's NPROC: train.py sizes XLA:CPU's thread pool for its 8 fake
+    devices itself (`hosts.size_cpu_thread_pool`), as a user's run does."""
     cache = tmp_path_factory.mktemp("xla_cache")
-    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "PYTHONUNBUFFERED": "1"}
+    return {**{k: v for k, v in os.environ.items() if k != "NPROC"}, "JAX_COMPILATION_CACHE_DIR": str(cache),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            "PYTHONUNBUFFERED": "1"}
 
 
 def train(env, workdir, *overrides, timeout=900):

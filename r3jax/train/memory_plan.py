@@ -311,7 +311,8 @@ def plan(c, model_cfg: rm.ModelConfig, devs: list, chip: Chip, *, topology: str,
     graphdef, params = abstract_model(c, model_cfg, mesh)
     backend = attention_plan.plan(mesh=mesh, backend=c.model.get("attention", "auto")).train
     settings = {"remat": c.model.remat, "query_block": c.model.query_block, "attention": backend,
-                "num_micro_batches": rl.num_micro_batches, "chunk_size": rl.chunk_size,
+                "num_micro_batches": rl.num_micro_batches, "share_prompts": rl.share_prompts,
+                "chunk_size": rl.chunk_size,
                 "sampling_chunk": c.sampling_chunk, "sampling_slots": c.get("sampling_slots", 0),
                 "param_dtype": c.model.dtype,
                 "compute_dtype": c.model.compute_dtype or c.model.dtype, **dataclasses.asdict(s)}
