@@ -159,8 +159,9 @@ def _prefixed_forward_block(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible
     m = jnp.maximum(_by_row(shared.max(-1, initial=_MASKED), q_bkrth), own.max(-1))[..., None]  # [B, K, R, T, 1]
     e_shared, e_own = jnp.exp(shared - _by_prefix(m, q_count)), jnp.exp(own - m)
     inv_l = 1.0 / (_by_row(e_shared.sum(-1, keepdims=True), q_bkrth) + e_own.sum(-1, keepdims=True))
-    acc = (_by_row(jnp.einsum("qkms,qksh->qkmh", e_shared, prefix_v, preferred_element_type=jnp.float32), q_bkrth)
-           + jnp.einsum("bkrts,bksh->bkrth", e_own, v_bksh, preferred_element_type=jnp.float32))
+    acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)  # products in the values' dtype
+    acc = (_by_row(acc32("qkms,qksh->qkmh", e_shared.astype(prefix_v.dtype), prefix_v), q_bkrth)
+           + acc32("bkrts,bksh->bkrth", e_own.astype(v_bksh.dtype), v_bksh))
     return (acc * inv_l).astype(v_bksh.dtype), m, inv_l
 
 
@@ -184,11 +185,10 @@ def _prefixed_backward_block(q, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp,
     row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
     g_shared, q_shared = _by_prefix(g_bkrth, q_count), _by_prefix(q, q_count)
     ds_shared = p_shared * (jnp.einsum("qkmh,qksh->qkms", g_shared, prefix_v) - _by_prefix(row, q_count)) * h ** -0.5
-    ds_shared = _mask_shared(ds_shared, visible_qtp, 0.0)
+    ds_shared = _mask_shared(ds_shared, visible_qtp, 0.0).astype(q.dtype)  # the products in the operands' dtype
     ds_own = jnp.where(visible_btt[:, None, None], p_own * (jnp.einsum("bkrth,bksh->bkrts", g_bkrth, v_bksh) - row)
-                       * h ** -0.5, 0.0)
-    dq = (_by_row(acc32("qkms,qksh->qkmh", ds_shared.astype(q.dtype), prefix_k), q)
-          + acc32("bkrts,bksh->bkrth", ds_own.astype(q.dtype), k_bksh))
+                       * h ** -0.5, 0.0).astype(q.dtype)
+    dq = (_by_row(acc32("qkms,qksh->qkmh", ds_shared, prefix_k), q) + acc32("bkrts,bksh->bkrth", ds_own, k_bksh))
     return (dq.astype(q.dtype), acc32("qkms,qkmh->qksh", ds_shared, q_shared),
             acc32("qkms,qkmh->qksh", p_shared.astype(prefix_v.dtype), g_shared),
             acc32("bkrts,bkrth->bksh", ds_own, q), acc32("bkrts,bkrth->bksh", p_own.astype(v_bksh.dtype), g_bkrth))
