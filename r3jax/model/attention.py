@@ -153,15 +153,22 @@ def _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask
 
 def _prefixed_forward_block(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp, visible_btt):
     """One block of queries, normalised after the products: out = acc / l, with the row max m and 1 / l, which
-    the backward reads. A query with no visible key gets the uniform softmax."""
-    q_count = prefix_k.shape[0]
-    shared, own = _shared_scores(q_bkrth, prefix_k, visible_qtp), _scores(q_bkrth, k_bksh, visible_btt)
-    m = jnp.maximum(_by_row(shared.max(-1, initial=_MASKED), q_bkrth), own.max(-1))[..., None]  # [B, K, R, T, 1]
-    e_shared, e_own = jnp.exp(shared - _by_prefix(m, q_count)), jnp.exp(own - m)
-    inv_l = 1.0 / (_by_row(e_shared.sum(-1, keepdims=True), q_bkrth) + e_own.sum(-1, keepdims=True))
+    the backward reads. A query with no visible key gets the uniform softmax. With no prefix slots (plain causal
+    attention) the prefix's terms are not in the program at all."""
     acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)  # products in the values' dtype
-    acc = (_by_row(acc32("qkms,qksh->qkmh", e_shared.astype(prefix_v.dtype), prefix_v), q_bkrth)
-           + acc32("bkrts,bksh->bkrth", e_own.astype(v_bksh.dtype), v_bksh))
+    own = _scores(q_bkrth, k_bksh, visible_btt)
+    m = own.max(-1)
+    if prefix_k.shape[2]:
+        shared = _shared_scores(q_bkrth, prefix_k, visible_qtp)
+        m = jnp.maximum(_by_row(shared.max(-1), q_bkrth), m)
+    m = m[..., None]                                                                      # [B, K, R, T, 1]
+    e_own = jnp.exp(own - m)
+    total, acc = e_own.sum(-1, keepdims=True), acc32("bkrts,bksh->bkrth", e_own.astype(v_bksh.dtype), v_bksh)
+    if prefix_k.shape[2]:
+        e_shared = jnp.exp(shared - _by_prefix(m, prefix_k.shape[0]))
+        total = total + _by_row(e_shared.sum(-1, keepdims=True), q_bkrth)
+        acc = acc + _by_row(acc32("qkms,qksh->qkmh", e_shared.astype(prefix_v.dtype), prefix_v), q_bkrth)
+    inv_l = 1.0 / total
     return (acc * inv_l).astype(v_bksh.dtype), m, inv_l
 
 
@@ -179,19 +186,21 @@ def _prefixed_backward_block(q, prefix_k, prefix_v, k_bksh, v_bksh, visible_qtp,
     prefix's dk and dv summed over its group's queries by the grouped products themselves."""
     q_count, h = prefix_k.shape[0], prefix_k.shape[-1]
     acc32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-    shared, own = _shared_scores(q, prefix_k, visible_qtp), _scores(q, k_bksh, visible_btt)
-    p_shared = jnp.exp(shared - _by_prefix(m, q_count)) * _by_prefix(inv_l, q_count)
-    p_own = jnp.exp(own - m) * inv_l
+    p_own = jnp.exp(_scores(q, k_bksh, visible_btt) - m) * inv_l
     row = jnp.sum(g_bkrth.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
+    ds_own = jnp.where(visible_btt[:, None, None], p_own * (jnp.einsum("bkrth,bksh->bkrts", g_bkrth, v_bksh) - row)
+                       * h ** -0.5, 0.0).astype(q.dtype)  # the products in the operands' dtype
+    dq = acc32("bkrts,bksh->bkrth", ds_own, k_bksh)
+    own = acc32("bkrts,bkrth->bksh", ds_own, q), acc32("bkrts,bkrth->bksh", p_own.astype(v_bksh.dtype), g_bkrth)
+    if not prefix_k.shape[2]:
+        return dq.astype(q.dtype), jnp.zeros(prefix_k.shape, jnp.float32), jnp.zeros(prefix_v.shape, jnp.float32), *own
+    p_shared = jnp.exp(_shared_scores(q, prefix_k, visible_qtp) - _by_prefix(m, q_count)) * _by_prefix(inv_l, q_count)
     g_shared, q_shared = _by_prefix(g_bkrth, q_count), _by_prefix(q, q_count)
     ds_shared = p_shared * (jnp.einsum("qkmh,qksh->qkms", g_shared, prefix_v) - _by_prefix(row, q_count)) * h ** -0.5
-    ds_shared = _mask_shared(ds_shared, visible_qtp, 0.0).astype(q.dtype)  # the products in the operands' dtype
-    ds_own = jnp.where(visible_btt[:, None, None], p_own * (jnp.einsum("bkrth,bksh->bkrts", g_bkrth, v_bksh) - row)
-                       * h ** -0.5, 0.0).astype(q.dtype)
-    dq = (_by_row(acc32("qkms,qksh->qkmh", ds_shared, prefix_k), q) + acc32("bkrts,bksh->bkrth", ds_own, k_bksh))
+    ds_shared = _mask_shared(ds_shared, visible_qtp, 0.0).astype(q.dtype)
+    dq = dq + _by_row(acc32("qkms,qksh->qkmh", ds_shared, prefix_k), q)
     return (dq.astype(q.dtype), acc32("qkms,qkmh->qksh", ds_shared, q_shared),
-            acc32("qkms,qkmh->qksh", p_shared.astype(prefix_v.dtype), g_shared),
-            acc32("bkrts,bkrth->bksh", ds_own, q), acc32("bkrts,bkrth->bksh", p_own.astype(v_bksh.dtype), g_bkrth))
+            acc32("qkms,qkmh->qksh", p_shared.astype(prefix_v.dtype), g_shared), *own)
 
 
 def _prefixed_attention_bwd(block: int, residuals, g_bkrth):
