@@ -55,9 +55,10 @@ def wanted(coordinator_address=None, num_processes=None, process_id=None, *, aut
 
 
 def size_cpu_thread_pool(environ=None) -> int | None:
-    """Gives XLA:CPU enough threads for the fake devices of `--xla_force_host_platform_device_count` (in
-    XLA_FLAGS): NPROC = `CPU_THREADS_PER_DEVICE` x devices, unless NPROC or PJRT_NPROC is set. Returns the
-    size it set, None when it left the environment alone (one device, or the user's own size).
+    """Gives XLA:CPU enough threads for its fake devices (`jax_num_cpu_devices`, set by JAX_NUM_CPU_DEVICES or
+    `jax.config.update`, else `--xla_force_host_platform_device_count` in XLA_FLAGS, as JAX reads them):
+    NPROC = `CPU_THREADS_PER_DEVICE` x devices, unless NPROC or PJRT_NPROC is set. Returns the size it set, None
+    when it left the environment alone (one device, or the user's own size).
 
     XLA:CPU runs every device's program on one pool of threads, max(cores, devices) by default, and runs a
     program's independent operations concurrently; a collective holds its thread until every device in it
@@ -70,8 +71,10 @@ def size_cpu_thread_pool(environ=None) -> int | None:
     environ = os.environ if environ is None else environ
     if "NPROC" in environ or "PJRT_NPROC" in environ:
         return None
+    configured = jax.config.jax_num_cpu_devices if environ is os.environ else int(
+        environ.get("JAX_NUM_CPU_DEVICES", -1))
     found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", environ.get("XLA_FLAGS", ""))
-    devices = int(found[-1]) if found else 1
+    devices = configured if configured >= 0 else int(found[-1]) if found else 1
     if devices <= 1:
         return None
     environ["NPROC"] = str(CPU_THREADS_PER_DEVICE * devices)

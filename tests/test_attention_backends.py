@@ -97,3 +97,10 @@ def test_a_row_without_real_tokens_stays_finite_on_every_backend():
     empty = jnp.zeros_like(mask)
     for fn in (attention.attend_causal, functools.partial(cudnn.attend_causal, implementation="xla")):
         assert bool(jnp.isfinite(jax.jit(fn)(q, k, v, empty)).all())
+
+
+def test_splash_refuses_rows_that_cannot_read_their_prefixes_in_equal_groups():
+    q, kp, vp, ko, vo, seen, own, _ = prefixed_inputs(3, 2)
+    with pytest.raises(ValueError, match="6 rows cannot read 4 prefixes"):
+        splash.attend_prefixed(q, *(jnp.concatenate([x, x[:1]]) for x in (kp, vp)), ko, vo, seen, own,
+                               interpret=True)

@@ -198,7 +198,10 @@ def test_a_url_workdir_is_refused(env, tmp_path):
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "NPROC": "5"}, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PJRT_NPROC": "5"}, None),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, None),
-    ({}, None)], ids=["8_devices", "2_devices_among_flags", "user_nproc", "user_pjrt_nproc", "1_device", "no_flags"])
+    ({"JAX_NUM_CPU_DEVICES": "4"}, 16),
+    ({"JAX_NUM_CPU_DEVICES": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, None),
+    ({}, None)], ids=["8_devices", "2_devices_among_flags", "user_nproc", "user_pjrt_nproc", "1_device",
+                      "jax_num_cpu_devices", "jax_num_cpu_devices_first", "no_flags"])
 def test_fake_cpu_devices_get_threads_for_several_collectives_in_flight_each(environ, size):
     """XLA:CPU's pool (NPROC) gets 4 threads per fake device, unless the user sized it or there is one device."""
     from r3jax import hosts

@@ -32,12 +32,10 @@ def attend_causal(q_btnh, k_bksh, v_bksh, mask_bt, query_block: int | None = Non
     also itself (so that it has a key whatever the blocks; its value never reaches a real query).
 
     The values and gradients at real positions of softmax attention under `cache.causal_mask(mask_bt)` (the
-    prefixed attention's with an empty prefix: the softmax gradient written out), with the keys past the diagonal
-    skipped: queries run
-    `query_block` at a time (default `CAUSAL_BLOCK`), and block i reads only keys [0, (i + 1)·query_block),
-    forward and backward; no [B, T, T] mask is formed. At T = 2,048 in
-    blocks of 512 the four blocks read 5/8 of the [T, T] scores. Every position's value is the same whatever
-    the block size."""
+    prefixed attention with no prefix slots: the softmax gradient written out), with the keys past the diagonal
+    skipped: queries run `query_block` at a time (default `CAUSAL_BLOCK`), and block i reads only keys
+    [0, (i + 1)·query_block), forward and backward; no [B, T, T] mask is formed. At T = 2,048 in blocks of 512
+    the four blocks read 5/8 of the [T, T] scores. Every position's value is the same whatever the block size."""
     empty = lambda x: x[:, :, :0]  # noqa: E731  an empty prefix per row: the prefixed attention's own part alone
     return attend_shared_prefix(q_btnh, empty(k_bksh), empty(v_bksh), k_bksh, v_bksh, mask_bt[:, :0], mask_bt,
                                 query_block)
@@ -108,15 +106,21 @@ def attend_shared_prefix(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask
     gathered, nor its gradient scattered back. Queries run `query_block` at a time (default `CAUSAL_BLOCK`),
     block i reading the prefix and its own keys up to its diagonal, so responses of any length share their
     prompt and no [T, P + T] mask is formed."""
+    check_prefixed(q_btnh, prefix_k, prefix_mask, mask_bt)
+    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
+    out = _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt,
+                              query_block or CAUSAL_BLOCK)
+    return _ungroup_heads(out)
+
+
+def check_prefixed(q_btnh, prefix_k, prefix_mask, mask_bt) -> None:
+    """B rows of T queries can read Q prefixes of P slots (prefix_k [Q, K, P, H], prefix_mask [Q, P]) in equal
+    groups, their own tokens marked by mask_bt [B, T]; else a ValueError naming the shapes."""
     q_count, p = prefix_k.shape[0], prefix_k.shape[2]
     b, t = q_btnh.shape[:2]
     if b % q_count or prefix_mask.shape != (q_count, p) or mask_bt.shape != (b, t):
         raise ValueError(f"{b} rows cannot read {q_count} prefixes of {p} slots in equal groups with masks of "
                          f"shapes {prefix_mask.shape} (prefix) and {mask_bt.shape} (rows)")
-    q_bkrth = _group_heads(q_btnh, k_bksh.shape[1])
-    out = _prefixed_attention(q_bkrth, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mask_bt,
-                              query_block or CAUSAL_BLOCK)
-    return _ungroup_heads(out)
 
 
 def _shared_scores(q_bkrth, keys, visible_qtp, equation: str = "qkmh,qksh->qkms"):

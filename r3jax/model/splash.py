@@ -23,7 +23,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec as P
 
 from r3jax.model import sharding
-from r3jax.model.attention import OUTPUT_NAME
+from r3jax.model.attention import OUTPUT_NAME, check_prefixed
 
 # Queries and keys a kernel block holds (both). 512 is what MaxText's TPU configs use for long sequences; a
 # sequence shorter than that runs in one block of its length rounded up to the TPU's 128 lanes.
@@ -51,11 +51,9 @@ def attend_prefixed(q_btnh, prefix_k, prefix_v, k_bksh, v_bksh, prefix_mask, mas
     forward still runs once per group (its keys and values are this call's inputs); only its [B, K, P, H] keys
     and values are repeated per row, their gradients summed back over the group by the repeat's transpose. P
     and T are each padded to whole blocks (padding: segment 0)."""
+    check_prefixed(q_btnh, prefix_k, prefix_mask, mask_bt)
     b, t, n, h = q_btnh.shape
     q_count, p = prefix_mask.shape
-    if b % q_count or prefix_k.shape[0] != q_count or mask_bt.shape != (b, t):
-        raise ValueError(f"{b} rows cannot read {prefix_k.shape[0]} prefixes of {p} slots in equal groups with masks "
-                         f"of shapes {prefix_mask.shape} (prefix) and {mask_bt.shape} (rows)")
     width = min(block, _round_up(t, LANES))
     t_pad, p_pad = _round_up(t, width), _round_up(p, width)
     per_row = lambda x: jnp.repeat(_pad(x, 2, p_pad), b // q_count, axis=0)  # noqa: E731  [Q, ., P] -> [B, ., P']
